@@ -1,0 +1,56 @@
+# Attention by Hand. Quickstart: `make lab` (learn) and `make test` (check everything).
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+PORT   ?= 8888
+# Extra flags for jupyter lab, e.g. LAB_ARGS=--IdentityProvider.token=secret
+LAB_ARGS ?=
+# pytest-xdist workers; notebooks must stay whole per worker (--dist loadscope).
+JOBS   ?= 2
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+
+.PHONY: lab test lint unit nbval notebooks demo bench clean help
+
+help:
+	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/"
+	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook"
+	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
+	@echo "make demo       python -m mha: a one-screen terminal demo"
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+# Stamps: reinstall only when the requirement files or pyproject change.
+$(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(PIP) install -q --progress-bar off -r requirements.txt
+	@touch $@
+
+$(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.lab-installed
+	$(PIP) install -q --progress-bar off -r requirements-dev.txt
+	@touch $@
+
+lab: $(VENV)/.lab-installed
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+	  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+test: $(VENV)/.dev-installed lint unit
+
+lint: $(VENV)/.dev-installed
+	$(BIN)/ruff check src tests notebooks
+
+# Unit tests and every notebook in one pytest run, so one summary line covers all.
+unit: $(VENV)/.dev-installed
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) \
+	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
+	  -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
+
+notebooks: $(VENV)/.dev-installed
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
+	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+
+demo: $(VENV)/.lab-installed
+	$(BIN)/python -m mha
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

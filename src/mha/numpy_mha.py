@@ -1,0 +1,160 @@
+"""Multi-head attention in numpy, assembled from the seven steps in `mha.steps`."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from . import steps
+from .validate import mask_shape, require_float, require_heads, require_tokens
+
+
+@dataclass(frozen=True)
+class LedgerRow:
+    """One line of the shape ledger: which step made which tensor, and its shape."""
+
+    step: str
+    tensor: str
+    symbol: str
+    shape: tuple[int, ...]
+
+
+def format_ledger(rows: list[LedgerRow]) -> str:
+    """Render a shape ledger as an aligned text table."""
+    header = ("step", "tensor", "symbolic shape", "shape")
+    table = [header] + [(r.step, r.tensor, r.symbol, str(r.shape)) for r in rows]
+    widths = [max(len(row[i]) for row in table) for i in range(4)]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
+             for row in table]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(lines)
+
+
+class MultiHeadAttention:
+    """Multi-head attention forward pass in plain numpy.
+
+    Weights: four (d_model, d_model) matrices drawn from N(0, 1/d_model), applied as
+    `x @ W` (in, out), and four zero biases. Shapes: x (B, T, d_model) -> (B, T, d_model).
+    """
+
+    def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64):
+        self.d_k = require_heads(d_model, n_heads)
+        self.d_model, self.n_heads = int(d_model), int(n_heads)
+        self.dtype = np.dtype(dtype)
+        if not np.issubdtype(self.dtype, np.floating):
+            raise TypeError(f"dtype must be a floating-point type, got {self.dtype}")
+        rng = np.random.default_rng(seed)
+        # std 1/sqrt(d_model): each projected feature sums d_model products of unit-variance
+        # inputs, so its variance stays ~1 instead of growing with the width.
+        std = 1.0 / math.sqrt(d_model)
+        shape = (d_model, d_model)
+        self.Wq, self.Wk, self.Wv, self.Wo = (
+            rng.normal(0.0, std, shape).astype(self.dtype) for _ in range(4)
+        )
+        self.bq, self.bk, self.bv, self.bo = (np.zeros(d_model, self.dtype) for _ in range(4))
+        self.attn: np.ndarray | None = None
+
+    def parameters(self) -> list[np.ndarray]:
+        """All learnable arrays: [Wq, bq, Wk, bk, Wv, bv, Wo, bo]."""
+        return [self.Wq, self.bq, self.Wk, self.bk, self.Wv, self.bv, self.Wo, self.bo]
+
+    def num_parameters(self) -> int:
+        """Total number of learnable numbers (4 * d_model**2 + 4 * d_model)."""
+        return sum(p.size for p in self.parameters())
+
+    def __repr__(self) -> str:
+        return (f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "
+                f"d_k={self.d_k}, dtype={self.dtype})")
+
+    def __call__(self, x, context=None, causal=False, mask=None) -> np.ndarray:
+        return self.forward(x, context=context, causal=causal, mask=mask)
+
+    def forward(
+        self,
+        x: np.ndarray,
+        context: np.ndarray | None = None,
+        causal: bool = False,
+        mask: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
+
+        `causal=True` lets query t see keys s <= t. `mask` is boolean, True = may attend,
+        shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
+        The attention weights (B, h, T, S) are kept on `self.attn`.
+        """
+        return self._run(x, context, causal, mask, ledger=None)
+
+    def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
+        """Run forward once and return the shape ledger of every tensor it made."""
+        ledger: list[LedgerRow] = []
+        self._run(x, context, causal, mask, ledger=ledger)
+        return ledger
+
+    def allowed(self, B: int, T: int, S: int, causal: bool, mask) -> np.ndarray | None:
+        """Combine `causal` and `mask` into one boolean array that broadcasts to (B, h, T, S)."""
+        allowed = None
+        if mask is not None:
+            allowed = np.asarray(mask).reshape(mask_shape(mask, B, self.n_heads, T, S))
+        if causal:
+            tril = steps.causal_mask(T, S)  # (T, S)
+            allowed = tril if allowed is None else allowed & tril
+        return allowed
+
+    def _check_inputs(self, x, context) -> tuple[int, int, int]:
+        B, T = require_tokens("x", x, self.d_model)
+        S = T
+        if context is not None:
+            Bc, S = require_tokens("context", context, self.d_model)
+            if Bc != B:
+                raise ValueError(f"context must have the same batch size as x (B={B}), got {Bc}")
+        for name, a in (("x", x), ("context", context)):
+            if a is not None and a.dtype != self.dtype:
+                require_float(name, a)
+                raise TypeError(
+                    f"{name} must be {self.dtype} to match the weights, got {a.dtype} "
+                    f"(convert with .astype(np.{self.dtype}) or build the module with "
+                    f"dtype=np.{a.dtype})"
+                )
+        return B, T, S
+
+    def _run(self, x, context, causal, mask, ledger) -> np.ndarray:
+        B, T, S = self._check_inputs(x, context)
+        allowed = self.allowed(B, T, S, causal, mask)
+        ctx = x if context is None else context
+
+        def log(step, tensor, symbol, value):
+            if ledger is not None:
+                ledger.append(LedgerRow(step, tensor, symbol, tuple(value.shape)))
+            return value
+
+        log("input", "x", "(B, T, d_model)", x)
+        if context is not None:
+            log("input", "context", "(B, S, d_model)", ctx)
+        # 1) project: three different views of the tokens
+        q = log("1 project", "q = x Wq + bq", "(B, T, d_model)", steps.linear(x, self.Wq, self.bq))
+        k = log("1 project", "k = x Wk + bk", "(B, S, d_model)", steps.linear(ctx, self.Wk, self.bk))
+        v = log("1 project", "v = x Wv + bv", "(B, S, d_model)", steps.linear(ctx, self.Wv, self.bv))
+        # 2) split heads: (B, T, d_model) -> (B, h, T, d_k)
+        h = self.n_heads
+        q = log("2 split heads", "q", "(B, h, T, d_k)", steps.split_heads(q, h))
+        k = log("2 split heads", "k", "(B, h, S, d_k)", steps.split_heads(k, h))
+        v = log("2 split heads", "v", "(B, h, S, d_k)", steps.split_heads(v, h))
+        # 3) scores: (B, h, T, d_k) @ (B, h, d_k, S) -> (B, h, T, S)
+        scores = log("3 scaled scores", "q k^T / sqrt(d_k)", "(B, h, T, S)",
+                     steps.scaled_scores(q, k))
+        # 4) mask, then 5) softmax - in that order, so rows still sum to one
+        if allowed is not None:
+            scores = log("4 mask", "scores (-inf where masked)", "(B, h, T, S)",
+                         steps.apply_mask(scores, allowed))
+        weights = log("5 softmax", "attention weights", "(B, h, T, S)", steps.softmax(scores))
+        self.attn = weights
+        # 6) weighted sum: (B, h, T, S) @ (B, h, S, d_k) -> (B, h, T, d_k)
+        heads = log("6 weighted sum", "weights @ v", "(B, h, T, d_k)",
+                    steps.weighted_sum(weights, v))
+        # 7) merge heads (B, h, T, d_k) -> (B, T, d_model), then the output projection
+        merged = log("7 merge heads", "concat of heads", "(B, T, d_model)",
+                     steps.merge_heads(heads))
+        return log("7 project", "out = merged Wo + bo", "(B, T, d_model)",
+                   steps.linear(merged, self.Wo, self.bo))

@@ -1,0 +1,147 @@
+"""The assembled numpy module: values against a loop reference, properties, ledger, demo."""
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mha import checks, steps
+from mha.numpy_mha import MultiHeadAttention, format_ledger
+from tests.reference import attention_loops
+
+
+def _x(rng, B, T, d_model, dtype=np.float64):
+    return rng.normal(size=(B, T, d_model)).astype(dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_forward_matches_loop_reference_float64(rng, causal):
+    mha = MultiHeadAttention(24, 4, seed=3)
+    mha.bq, mha.bk, mha.bv, mha.bo = (rng.normal(size=24) for _ in range(4))  # nonzero biases
+    x = _x(rng, 2, 5, 24)
+    allowed = np.broadcast_to(steps.causal_mask(5), (2, 4, 5, 5)) if causal else None
+    want_out, want_w = attention_loops(mha, x, allowed=allowed)
+    out = mha(x, causal=causal)
+    np.testing.assert_allclose(out, want_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(mha.attn, want_w, rtol=0, atol=1e-12)
+
+
+def test_forward_with_mask_and_cross_attention_matches_loops(rng):
+    mha = MultiHeadAttention(16, 2, seed=5)
+    x, ctx = _x(rng, 3, 4, 16), _x(rng, 3, 7, 16)
+    mask = rng.random((3, 4, 7)) < 0.6  # (B, T, S), True = may attend
+    mask[:, :, 0] = True
+    out = mha(x, context=ctx, mask=mask)
+    want_out, want_w = attention_loops(mha, x, ctx, np.broadcast_to(mask[:, None], (3, 2, 4, 7)))
+    assert out.shape == (3, 4, 16) and mha.attn.shape == (3, 2, 4, 7)
+    np.testing.assert_allclose(out, want_out, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(mha.attn, want_w, rtol=0, atol=1e-12)
+
+
+def test_mask_and_causal_combine(rng):
+    mha = MultiHeadAttention(8, 2)
+    x = _x(rng, 1, 4, 8)
+    pad = np.array([True, True, True, False])  # last key is padding
+    mha(x, causal=True, mask=np.broadcast_to(pad, (4, 4)))
+    want = steps.causal_mask(4) & pad
+    np.testing.assert_array_equal(mha.attn[0, 0] > 0, want)
+
+
+def test_fully_masked_rows_give_zero_weights_and_bias_only_output(rng):
+    mha = MultiHeadAttention(8, 2)
+    mha.bo = rng.normal(size=8)
+    x = _x(rng, 2, 3, 8)
+    mask = np.ones((2, 3, 3), dtype=bool)
+    mask[1, 2, :] = False  # query 2 of item 1 may attend to nothing
+    out = mha(x, mask=mask)
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(mha.attn[1, :, 2], 0.0)
+    np.testing.assert_allclose(out[1, 2], mha.bo, rtol=0, atol=0)  # zero context, then + bo
+
+
+def test_float32_in_float32_out(rng):
+    mha = MultiHeadAttention(32, 4, dtype=np.float32)
+    out = mha(_x(rng, 2, 5, 32, np.float32), causal=True)
+    assert out.dtype == np.float32 and mha.attn.dtype == np.float32
+    assert all(p.dtype == np.float32 for p in mha.parameters())
+
+
+def test_float32_agrees_with_float64_reference(rng):
+    m64 = MultiHeadAttention(64, 8, seed=1)
+    m32 = MultiHeadAttention(64, 8, seed=1, dtype=np.float32)
+    x = _x(rng, 2, 9, 64)
+    np.testing.assert_allclose(m32(x.astype(np.float32)), m64(x), rtol=1e-4, atol=1e-5)
+
+
+def test_weights_are_drawn_with_std_one_over_sqrt_d_model():
+    mha = MultiHeadAttention(512, 8, seed=0)
+    for W in (mha.Wq, mha.Wk, mha.Wv, mha.Wo):
+        # 262,144 draws: the sample std lies within 1% of 1/sqrt(512) with huge margin
+        assert abs(W.std() * np.sqrt(512) - 1.0) < 0.01
+    assert all((b == 0).all() for b in (mha.bq, mha.bk, mha.bv, mha.bo))
+
+
+def test_same_seed_same_weights_different_seed_different():
+    a, b, c = MultiHeadAttention(16, 2, seed=7), MultiHeadAttention(16, 2, seed=7), MultiHeadAttention(16, 2, seed=8)
+    np.testing.assert_array_equal(a.Wq, b.Wq)
+    assert not np.array_equal(a.Wq, c.Wq)
+
+
+@pytest.mark.parametrize("n_heads", [1, 2, 4, 8, 16])
+def test_param_count_is_independent_of_heads(n_heads):
+    mha = MultiHeadAttention(512, n_heads)
+    assert mha.num_parameters() == 1_050_624
+    assert "1,050,624" in checks.check_param_count(mha)
+
+
+dims = st.tuples(
+    st.integers(1, 3),  # B
+    st.integers(2, 7),  # T (>= 2 so some input comes after t)
+    st.sampled_from([(4, 1), (4, 2), (8, 4), (12, 3), (16, 8), (24, 6)]),  # (d_model, h)
+    st.integers(0, 2**16),  # seed
+)
+
+
+@settings(max_examples=25, deadline=None)
+@given(dims)
+def test_three_properties_hold_for_many_shapes(d):
+    B, T, (d_model, h), seed = d
+    mha = MultiHeadAttention(d_model, h, seed=seed)
+    x = np.random.default_rng(seed).normal(size=(B, T, d_model))
+    for t in range(T - 1):
+        checks.check_causal(lambda a: mha(a, causal=True), x, t=t, seed=seed)
+    for causal in (False, True):
+        mha(x, causal=causal)
+        checks.check_rows_sum_to_one(mha.attn, atol=1e-12)
+    checks.check_param_count(mha)
+
+
+def test_trace_ledger_records_real_shapes(rng):
+    mha = MultiHeadAttention(512, 8)
+    x = _x(rng, 2, 6, 512)
+    rows = mha.trace(x, causal=True)
+    shapes = {(r.step, r.tensor): r.shape for r in rows}
+    assert shapes[("2 split heads", "q")] == (2, 8, 6, 64)
+    assert shapes[("3 scaled scores", "q k^T / sqrt(d_k)")] == (2, 8, 6, 6)
+    assert rows[-1].shape == (2, 6, 512)
+    assert [r.step[0] for r in rows if r.step[0].isdigit()] == sorted(
+        r.step[0] for r in rows if r.step[0].isdigit()
+    )
+    assert "4 mask" not in {r.step for r in mha.trace(x, causal=False)}
+    table = format_ledger(rows)
+    assert "(2, 8, 6, 64)" in table and "(B, h, T, d_k)" in table
+
+
+def test_trace_shows_S_for_cross_attention(rng):
+    mha = MultiHeadAttention(8, 2)
+    rows = mha.trace(_x(rng, 1, 3, 8), context=_x(rng, 1, 5, 8))
+    assert {r.tensor: r.shape for r in rows}["q k^T / sqrt(d_k)"] == (1, 2, 3, 5)
+
+
+def test_python_dash_m_mha_demo_runs():
+    res = subprocess.run([sys.executable, "-m", "mha"], capture_output=True, text=True, check=True)
+    assert res.stdout.count("PASS") == 4
+    assert "1,050,624" in res.stdout and "(2, 8, 6, 64)" in res.stdout
