@@ -10,13 +10,14 @@ LAB_ARGS ?=
 JOBS   ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 
-.PHONY: lab test lint unit nbval notebooks demo bench clean help
+.PHONY: lab test lint unit notebooks demo bench clean help
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/"
 	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook"
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
+	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -37,7 +38,7 @@ lab: $(VENV)/.lab-installed
 test: $(VENV)/.dev-installed lint unit
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check src tests notebooks
+	$(BIN)/ruff check src tests notebooks $(wildcard benchmarks)
 
 # Unit tests and every notebook in one pytest run, so one summary line covers all.
 unit: $(VENV)/.dev-installed
@@ -48,6 +49,10 @@ unit: $(VENV)/.dev-installed
 notebooks: $(VENV)/.dev-installed
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
 	  --ExecutePreprocessor.timeout=600 --ExecutePreprocessor.kernel_name=python3 $(NOTEBOOKS)
+
+# CPU (and CUDA when present) timing sweep; writes CSV + plot under benchmarks/results/.
+bench: $(VENV)/.dev-installed
+	$(BIN)/python benchmarks/sdpa_backends.py $(BENCH_ARGS)
 
 demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha
