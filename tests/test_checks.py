@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mha import checks, steps
+from mha import checks, planted, steps
 from mha.numpy_mha import MultiHeadAttention
 
 
@@ -35,19 +35,13 @@ def test_check_causal_catches_a_missing_mask(setup):
         checks.check_causal(lambda a: mha(a, causal=False), x, t=2)
 
 
-def test_check_causal_catches_mask_applied_after_softmax(setup, monkeypatch):
+def test_check_causal_catches_mask_applied_after_softmax(setup):
     mha, x = setup
-
-    def mask_after_softmax(scores, allowed):  # planted: zero after normalising
-        return np.where(allowed, scores, 0.0)
-
     # Softmax sees unmasked scores, then masked weights are zeroed: future inputs leak in
     # through the normaliser of every row.
-    monkeypatch.setattr(steps, "apply_mask", lambda s, a: s)
-    real_softmax = steps.softmax
-    monkeypatch.setattr(steps, "softmax", lambda s: mask_after_softmax(real_softmax(s), steps.causal_mask(s.shape[-2], s.shape[-1])))
+    buggy = planted.forward_with(mha, "mask_after_softmax", causal=True)
     with pytest.raises(AssertionError, match="causality broken"):
-        checks.check_causal(lambda a: mha(a, causal=True), x, t=2)
+        checks.check_causal(buggy, x, t=2)
 
 
 def test_check_causal_control_catches_a_constant_model(setup):

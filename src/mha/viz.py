@@ -1,11 +1,20 @@
-"""Pictures of attention: the pipeline diagram (and, later, heatmaps and the explorer)."""
+"""Pictures of attention: the pipeline diagram, heatmaps, and the slider explorer."""
 
 from __future__ import annotations
 
+import base64
+import functools
+import io
+
 import matplotlib.pyplot as plt
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from .numpy_mha import LedgerRow
+from . import steps
+from .numpy_mha import LedgerRow, MultiHeadAttention
+from .validate import require_heads, require_int, shape_of
 
 PIPELINE = [
     ("1", "QKV projection", "x W + b"),
@@ -53,3 +62,330 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
     ax.set_title("Multi-head attention in seven steps" +
                  (" (shapes from a real run)" if ledger is not None else ""))
     return ax
+
+
+# Heatmaps ----------------------------------------------------------------------------
+ATTN_CMAP = "Blues"
+
+
+def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
+                   annotate: bool = False, colorbar: bool = False):
+    """Heatmap of one (T, S) attention matrix: rows are queries, columns are keys."""
+    w = np.asarray(weights_2d)
+    if w.ndim != 2:
+        raise ValueError(f"weights_2d must be (T, S), got {shape_of(w)}")
+    if tokens is not None and len(tokens) != max(w.shape):
+        raise ValueError(f"tokens must have {max(w.shape)} labels for a {w.shape} matrix, "
+                         f"got {len(tokens)}")
+    if ax is None:
+        _, ax = plt.subplots(figsize=(3.6, 3.2))
+    T, S = w.shape  # (T, S)
+    im = ax.imshow(w, cmap=ATTN_CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
+    ax.set_xlabel("key s")
+    ax.set_ylabel("query t")
+    labels = list(tokens) if tokens is not None else [str(i) for i in range(max(T, S))]
+    ax.set_xticks(range(S), labels[:S], rotation=90 if tokens is not None else 0)
+    ax.set_yticks(range(T), labels[:T])
+    if annotate:
+        for t in range(T):
+            for s in range(S):
+                ax.text(s, t, f"{w[t, s]:.2f}", ha="center", va="center", fontsize=7,
+                        color="white" if w[t, s] > 0.6 else "black")
+    if title is not None:
+        ax.set_title(title)
+    if colorbar:
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+    return ax
+
+
+def _grid(h: int) -> tuple[int, int]:
+    """Rows and columns for h small heatmaps: at most 4 per row."""
+    ncols = min(h, 4)
+    return -(-h // ncols), ncols
+
+
+def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
+               ticks: bool = True):
+    """One heatmap per head of (h, T, S) attention weights, in a grid; returns the figure."""
+    w = np.asarray(weights)
+    if w.ndim == 4 and w.shape[0] == 1:
+        w = w[0]  # (1, h, T, S) -> (h, T, S)
+    if w.ndim != 3:
+        raise ValueError(f"weights must be (h, T, S) or (1, h, T, S), got {shape_of(weights)}")
+    h = w.shape[0]
+    nrows, ncols = _grid(h)
+    if fig is None:
+        fig = plt.figure(figsize=(2.4 * ncols + 0.6, 2.3 * nrows + 0.4), layout="constrained")
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    for j, ax in enumerate(axes.flat):
+        if j >= h:
+            ax.set_visible(False)
+            continue
+        plot_attention(w[j], ax=ax, title=f"head {j}", tokens=tokens)
+        if not ticks:
+            ax.set_xticks([])
+            ax.set_yticks([])
+        if j % ncols:
+            ax.set_ylabel("")
+        if j < h - ncols:
+            ax.set_xlabel("")
+    if suptitle is not None:
+        fig.suptitle(suptitle)
+    return fig
+
+
+# The attention explorer: pure functions first, widgets on top --------------------------
+def divisors(n: int) -> list[int]:
+    """All h with n % h == 0, smallest first: the head counts a d_model allows."""
+    n = require_int("n", n)
+    return [h for h in range(1, n + 1) if n % h == 0]
+
+
+def attention_maps(d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool = True,
+                   temperature: float = 1.0, seed: int = 0) -> np.ndarray:
+    """Attention weights (h, T, T) of a seeded random module on seeded random tokens.
+
+    temperature divides the scaled scores before softmax: softmax(q k^T / sqrt(d_k) / temp).
+    Below 1 it sharpens every row, above 1 it flattens it; masked weights stay exactly 0.
+    Tokens come from one seeded stream, so a longer T keeps the earlier tokens unchanged;
+    the projection weights do not depend on n_heads, so changing h regroups the same columns.
+    """
+    require_heads(d_model, n_heads)
+    T = require_int("T", T)
+    if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
+        raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
+    if not (np.isfinite(temperature) and temperature > 0):
+        raise ValueError(f"temperature must be a finite number > 0, got {temperature}")
+    Wq, Wk = _projections(d_model, seed)
+    x = np.random.default_rng(seed).normal(0.0, 1.0, (1, T, d_model))  # (1, T, d_model)
+    zeros = np.zeros(d_model)
+    q = steps.split_heads(steps.linear(x, Wq, zeros), n_heads)  # (1, h, T, d_k)
+    k = steps.split_heads(steps.linear(x, Wk, zeros), n_heads)  # (1, h, T, d_k)
+    scores = steps.scaled_scores(q, k) / float(temperature)  # (1, h, T, T)
+    if causal:
+        scores = steps.apply_mask(scores, steps.causal_mask(T))  # (1, h, T, T), -inf above
+    weights = steps.softmax(scores)  # (1, h, T, T)
+    return weights[0]  # (h, T, T)
+
+
+@functools.lru_cache(maxsize=8)
+def _projections(d_model: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """Wq and Wk of MultiHeadAttention(d_model, 1, seed): the same for every head count."""
+    m = MultiHeadAttention(d_model, 1, seed=seed)
+    return m.Wq, m.Wk
+
+
+def row_entropy(weights) -> np.ndarray:
+    """Entropy in nats of each attention row (last axis); 0 * log 0 counts as 0."""
+    w = np.asarray(weights, dtype=np.float64)
+    logs = np.log(w, out=np.zeros_like(w), where=w > 0)
+    return -(w * logs).sum(axis=-1)
+
+
+def describe(maps, causal: bool, temperature: float) -> str:
+    """One sentence on what (h, T, T) maps show: exact zeros per head, and how peaked rows are."""
+    w = np.asarray(maps)
+    if w.ndim != 3:
+        raise ValueError(f"maps must be (h, T, S), got {shape_of(w)}")
+    h, T, S = w.shape
+    zeros = (w == 0.0).sum(axis=(1, 2))  # (h,): exact zeros per head
+    lo, hi = int(zeros.min()), int(zeros.max())
+    count = str(lo) if lo == hi else f"{lo}-{hi}"
+    ent = float(row_entropy(w).mean())
+    # entropy of uniform rows: log(number of allowed keys), i.e. log(t + 1) under the mask
+    uniform = float(np.log(np.arange(1, T + 1)).mean()) if causal else float(np.log(S))
+    mask = f"causal {'on' if causal else 'off'}: {count} of {T * S} weights per head are exactly 0"
+    return (f"{mask}; temperature {temperature:.3g}: mean row entropy over {h} head(s) "
+            f"{ent:.2f} nats (uniform over the allowed keys: {uniform:.2f}, one-hot: 0)")
+
+
+def what_changed(old: dict, new: dict) -> str:
+    """Name the settings that differ between two explorer states, e.g. 'T 6 -> 8'."""
+    def fmt(v) -> str:
+        return f"{v:.3g}" if isinstance(v, float) else str(v)
+
+    diffs = [f"{k} {fmt(old[k])} -> {fmt(new[k])}" for k in new if k in old and old[k] != new[k]]
+    return ("changed: " + ", ".join(diffs)) if diffs else "initial view"
+
+
+class _HeatmapView:
+    """One laid-out figure of the explorer: its heatmaps and the pixels behind them."""
+
+    def __init__(self, shown: np.ndarray, s: dict, dpi: int):
+        self.fig = Figure(dpi=dpi, layout="constrained")
+        FigureCanvasAgg(self.fig)
+        n, T = shown.shape[0], shown.shape[1]  # shown: (n, T, T)
+        self.ticks = s["head"] >= 0 or T <= 8
+        if s["head"] < 0:
+            nrows, ncols = _grid(n)
+            self.fig.set_size_inches(2.1 * ncols + 0.5, 2.0 * nrows + 0.3)
+            plot_heads(shown, fig=self.fig, ticks=self.ticks)
+        else:
+            self.fig.set_size_inches(4.6, 3.8)
+            plot_attention(shown[0], ax=self.fig.add_subplot(), colorbar=True,
+                           title=f"head {s['head']} of {s['n_heads']}")
+        self.images = [ax.images[0] for ax in self.fig.axes if ax.images]
+        # Blitting: draw everything except the heatmaps once (text is the slow part) and
+        # keep those pixels; each redraw pastes them back and draws only the heatmaps.
+        for im in self.images:
+            im.set_animated(True)
+        self._snapshot()  # lays the axes out once for this view ...
+        self.fig.set_layout_engine("none")  # ... then freezes them
+
+    def _snapshot(self) -> None:
+        """Full draw without the heatmaps; keep its pixels as the blitting background."""
+        self.fig.canvas.draw()
+        self.background = self.fig.canvas.copy_from_bbox(self.fig.bbox)
+
+    def update(self, shown: np.ndarray) -> None:
+        """New numbers into the same axes; a new T also needs new extents, ticks, background."""
+        resized = self.images[0].get_array().shape != shown.shape[1:]
+        for im, w in zip(self.images, shown, strict=True):
+            im.set_data(w)  # (T, T): same axes, new numbers
+            if resized:
+                T = w.shape[0]
+                im.set_extent((-0.5, T - 0.5, T - 0.5, -0.5))
+                if self.ticks:
+                    im.axes.set_xticks(range(T), [str(i) for i in range(T)])
+                    im.axes.set_yticks(range(T), [str(i) for i in range(T)])
+        if resized:
+            self._snapshot()
+
+    def png(self) -> bytes:
+        """Paste the saved background, draw the heatmaps (and their frames), encode PNG."""
+        from PIL import Image
+
+        canvas = self.fig.canvas
+        canvas.restore_region(self.background)
+        for im in self.images:
+            im.axes.draw_artist(im)
+            for spine in im.axes.spines.values():
+                im.axes.draw_artist(spine)
+        buf = io.BytesIO()
+        Image.fromarray(np.asarray(canvas.buffer_rgba())).save(buf, format="png",
+                                                               compress_level=1)
+        return buf.getvalue()
+
+
+class AttentionExplorer:
+    """Sliders over live attention heatmaps; display it (or its `.widget`) in Jupyter.
+
+    Works with the plain inline backend: each view (number of heads, grid or one head)
+    is a private Agg `Figure`, laid out once and kept (the last few are cached); a slider
+    move only puts new numbers into its heatmaps with `set_data`, redraws their pixels
+    and sends a PNG to an `ipywidgets.Image`. Controls live in `.controls` (causal,
+    n_heads, T, temperature, head); `.fig` is the figure on screen; the sentence under
+    the plot is `.caption.value`.
+    """
+
+    def __init__(self, d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool = True,
+                 temperature: float = 1.0, seed: int = 0, max_T: int = 16, dpi: int = 80,
+                 cached_views: int = 6):
+        import ipywidgets as widgets
+
+        require_heads(d_model, n_heads)
+        max_T = require_int("max_T", max_T, minimum=2)
+        if not 2 <= require_int("T", T) <= max_T:
+            raise ValueError(f"T must be in [2, max_T={max_T}], got {T}")
+        if not 0.1 <= temperature <= 10.0:
+            raise ValueError(f"temperature must be in [0.1, 10] (the slider range), got {temperature}")
+        self.d_model, self.seed, self.dpi = d_model, seed, dpi
+        self.cached_views = require_int("cached_views", cached_views)
+        self.controls = {
+            "causal": widgets.Checkbox(value=causal, description="causal mask"),
+            "n_heads": widgets.SelectionSlider(options=divisors(d_model), value=n_heads,
+                                               description="heads h"),
+            "T": widgets.IntSlider(value=T, min=2, max=max_T, description="length T"),
+            "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1,
+                                                  step=0.05, description="temperature",
+                                                  readout_format=".2f"),
+            "head": widgets.Dropdown(options=self._head_options(n_heads), value=-1,
+                                     description="show"),
+        }
+        self.image = widgets.Image(format="png")
+        self.caption = widgets.HTML()
+        self.maps: np.ndarray | None = None
+        self._views: dict[tuple, _HeatmapView] = {}  # insertion order = least recently used first
+        self._view: _HeatmapView | None = None
+        self._state: dict | None = None
+        self._busy = False
+        for c in self.controls.values():
+            c.style.description_width = "initial"  # show the whole label, e.g. "temperature"
+            c.observe(self._on_change, names="value")
+        c = self.controls
+        self.widget = widgets.VBox([
+            widgets.HBox([c["causal"], c["n_heads"], c["head"]]),
+            widgets.HBox([c["T"], c["temperature"]]),
+            self.image,
+            self.caption,
+        ])
+        self.redraw()
+
+    @property
+    def fig(self) -> Figure:
+        """The figure currently on screen."""
+        return self._view.fig
+
+    @staticmethod
+    def _head_options(h: int) -> list[tuple[str, int]]:
+        """Dropdown entries: all heads in a grid (-1), or one head by index."""
+        return [("all heads", -1)] + [(f"head {j}", j) for j in range(h)]
+
+    def state(self) -> dict:
+        """The current settings as a plain dict."""
+        return {name: c.value for name, c in self.controls.items()}
+
+    def _on_change(self, change) -> None:
+        if self._busy:
+            return
+        self._busy = True
+        try:
+            head = self.controls["head"]
+            h = self.controls["n_heads"].value
+            if len(head.options) != h + 1:  # heads changed: rebuild the head list
+                keep = head.value if head.value < h else -1
+                head.options = self._head_options(h)
+                head.value = keep
+        finally:
+            self._busy = False
+        self.redraw()
+
+    def redraw(self) -> None:
+        """Recompute the maps from the controls, update the heatmaps and the caption."""
+        s = self.state()
+        self.maps = attention_maps(self.d_model, s["n_heads"], s["T"], s["causal"],
+                                   s["temperature"], self.seed)  # (h, T, T)
+        shown = self.maps if s["head"] < 0 else self.maps[s["head"]][None]  # (h or 1, T, T)
+        key = (s["n_heads"], s["head"], s["head"] >= 0 or s["T"] <= 8)
+        view = self._views.pop(key, None)
+        if view is None:  # first visit of this view: lay out new axes
+            view = _HeatmapView(shown, s, self.dpi)
+        else:
+            view.update(shown)
+        self._views[key] = view  # most recently used last
+        while len(self._views) > self.cached_views:
+            self._views.pop(next(iter(self._views)))
+        self._view = view
+        self.image.value = view.png()
+        shown_state = {**s, "head": "all" if s["head"] < 0 else s["head"]}
+        old, self._state = self._state, shown_state
+        changed = "initial view" if old is None else what_changed(old, shown_state)
+        self.caption.value = f"<b>{changed}</b>. " + describe(self.maps, s["causal"],
+                                                              s["temperature"])
+
+    def _ipython_display_(self) -> None:
+        """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
+        from IPython.display import display
+
+        bundle = self.widget._repr_mimebundle_()
+        if not bundle:
+            display(self.widget)
+            return
+        bundle["image/png"] = base64.b64encode(bytes(self.image.value)).decode("ascii")
+        bundle["text/plain"] = "attention explorer (run the notebook in Jupyter to move the sliders)"
+        display(bundle, raw=True)
+
+
+def explorer(**kwargs) -> AttentionExplorer:
+    """Build the attention explorer (see AttentionExplorer for the settings)."""
+    return AttentionExplorer(**kwargs)

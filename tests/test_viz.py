@@ -1,0 +1,235 @@
+"""Heatmap helpers and the attention explorer, without a browser: pure logic and figure data."""
+
+import base64
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pytest
+
+from mha import steps, viz
+from mha.numpy_mha import MultiHeadAttention
+
+
+@pytest.fixture(autouse=True)
+def _close_figures():
+    yield
+    plt.close("all")
+
+
+def _heatmaps(fig) -> list[np.ndarray]:
+    """The data of every heatmap in a figure, in axes order."""
+    return [np.asarray(ax.images[0].get_array()) for ax in fig.axes if ax.images]
+
+
+# Pure functions -------------------------------------------------------------------------
+def test_divisors():
+    assert viz.divisors(16) == [1, 2, 4, 8, 16]
+    assert viz.divisors(12) == [1, 2, 3, 4, 6, 12]
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_attention_maps_match_the_module(causal):
+    d_model, h, T, seed = 16, 4, 5, 3
+    got = viz.attention_maps(d_model, h, T, causal=causal, temperature=1.0, seed=seed)
+    mha = MultiHeadAttention(d_model, h, seed=seed)
+    x = np.random.default_rng(seed).normal(0.0, 1.0, (1, T, d_model))
+    mha(x, causal=causal)
+    assert got.shape == (h, T, T)
+    np.testing.assert_allclose(got, mha.attn[0], rtol=0, atol=1e-12)
+
+
+def test_temperature_divides_the_scores_before_softmax():
+    d_model, h, T, temp = 16, 2, 6, 0.3
+    base = viz.attention_maps(d_model, h, T, causal=False, temperature=1.0)
+    got = viz.attention_maps(d_model, h, T, causal=False, temperature=temp)
+    # Independent reference: softmax(log(w) / temp) recovers softmax(scores / temp),
+    # because log(w) differs from the scores only by a per-row constant.
+    z = np.log(base) / temp
+    want = np.exp(z - z.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+def test_temperature_moves_entropy_the_right_way_and_keeps_the_mask():
+    ent = [viz.row_entropy(viz.attention_maps(16, 4, 8, True, t)).mean() for t in (0.2, 1, 5)]
+    assert ent[0] < ent[1] < ent[2]
+    cold = viz.attention_maps(16, 4, 8, causal=True, temperature=0.1)
+    upper = ~steps.causal_mask(8)
+    assert np.all(cold[:, upper] == 0.0)
+    np.testing.assert_allclose(cold.sum(-1), 1.0, rtol=0, atol=1e-12)
+
+
+def test_longer_T_keeps_earlier_causal_rows():
+    short = viz.attention_maps(16, 4, 5, causal=True)
+    long = viz.attention_maps(16, 4, 9, causal=True)
+    # Same tokens 0..4 and nothing after them visible: equal up to BLAS rounding.
+    np.testing.assert_allclose(long[:, :5, :5], short, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("bad, err", [(0.0, ValueError), (-1.0, ValueError),
+                                      (float("inf"), ValueError), ("1", TypeError)])
+def test_attention_maps_rejects_bad_temperature(bad, err):
+    with pytest.raises(err, match="temperature"):
+        viz.attention_maps(16, 4, 6, temperature=bad)
+
+
+def test_attention_maps_rejects_heads_that_do_not_divide():
+    with pytest.raises(ValueError, match="d_model=16 must be divisible by n_heads=3"):
+        viz.attention_maps(16, 3, 6)
+
+
+def test_row_entropy_against_formula():
+    w = np.array([[1.0, 0.0, 0.0], [0.5, 0.5, 0.0], [1 / 3, 1 / 3, 1 / 3]])
+    np.testing.assert_allclose(viz.row_entropy(w), [0.0, np.log(2), np.log(3)], atol=1e-15)
+
+
+def test_describe_counts_exact_zeros():
+    maps = viz.attention_maps(16, 4, 6, causal=True)
+    text = viz.describe(maps, causal=True, temperature=1.0)
+    assert text.startswith("causal on: 15 of 36 weights per head are exactly 0")
+    off = viz.describe(viz.attention_maps(16, 4, 6, causal=False), False, 2.0)
+    assert off.startswith("causal off: 0 of 36") and "temperature 2" in off
+
+
+def test_what_changed():
+    old = {"causal": True, "T": 6, "temperature": 1.0}
+    assert viz.what_changed(old, old) == "initial view"
+    new = {"causal": False, "T": 8, "temperature": 1.45}
+    assert viz.what_changed(old, new) == "changed: causal True -> False, T 6 -> 8, temperature 1 -> 1.45"
+
+
+# Plot helpers ------------------------------------------------------------------------
+def test_plot_attention_shows_exactly_the_weights():
+    w = viz.attention_maps(16, 1, 5)[0]
+    ax = viz.plot_attention(w, title="head 0", tokens=list("abcde"))
+    np.testing.assert_array_equal(ax.images[0].get_array(), w)
+    assert ax.get_title() == "head 0"
+    assert [t.get_text() for t in ax.get_xticklabels()] == list("abcde")
+    assert ax.images[0].get_clim() == (0.0, 1.0)
+
+
+def test_plot_attention_rejects_wrong_inputs():
+    with pytest.raises(ValueError, match=r"weights_2d must be \(T, S\), got \(2, 3, 3\)"):
+        viz.plot_attention(np.zeros((2, 3, 3)))
+    with pytest.raises(ValueError, match="tokens must have 3 labels"):
+        viz.plot_attention(np.zeros((3, 3)), tokens=["a"])
+
+
+def test_plot_heads_one_heatmap_per_head():
+    maps = viz.attention_maps(16, 8, 4)
+    fig = viz.plot_heads(maps)
+    data = _heatmaps(fig)
+    assert len(data) == 8
+    for j in range(8):
+        np.testing.assert_array_equal(data[j], maps[j])
+    fig1 = viz.plot_heads(maps[None, :2])  # (1, h, T, S) is accepted too
+    assert len(_heatmaps(fig1)) == 2
+    with pytest.raises(ValueError, match=r"weights must be \(h, T, S\)"):
+        viz.plot_heads(maps[0])
+
+
+# The explorer widget, without a browser ----------------------------------------------------
+@pytest.fixture
+def explorer():
+    return viz.explorer(d_model=16, n_heads=4, T=6, causal=False, temperature=1.0)
+
+
+def test_explorer_children_are_the_controls_image_and_caption(explorer):
+    import ipywidgets as widgets
+
+    assert isinstance(explorer.widget, widgets.VBox)
+    assert explorer.widget.children[2] is explorer.image
+    assert explorer.widget.children[3] is explorer.caption
+    assert list(explorer.controls["n_heads"].options) == [1, 2, 4, 8, 16]
+    assert bytes(explorer.image.value).startswith(b"\x89PNG")
+    assert "initial view" in explorer.caption.value
+
+
+def test_explorer_causal_zeroes_the_upper_triangle(explorer):
+    before = _heatmaps(explorer.fig)
+    assert all((d[np.triu_indices(6, 1)] > 0).all() for d in before)
+    png = bytes(explorer.image.value)
+    explorer.controls["causal"].value = True
+    after = _heatmaps(explorer.fig)
+    assert len(after) == 4
+    for d in after:
+        assert np.all(d[np.triu_indices(6, 1)] == 0.0)
+        np.testing.assert_allclose(d.sum(-1), 1.0, rtol=0, atol=1e-12)
+    assert bytes(explorer.image.value) != png
+    assert "changed: causal False -> True" in explorer.caption.value
+    assert "15 of 36 weights per head are exactly 0" in explorer.caption.value
+
+
+def test_explorer_heads_slider_changes_the_number_of_heatmaps(explorer):
+    for h in (1, 2, 8, 16):
+        explorer.controls["n_heads"].value = h
+        data = _heatmaps(explorer.fig)
+        assert len(data) == h
+        np.testing.assert_array_equal(np.stack(data), viz.attention_maps(16, h, 6, False))
+        assert len(explorer.controls["head"].options) == h + 1
+
+
+def test_explorer_temperature_changes_entropy_in_the_right_direction(explorer):
+    def entropy():
+        return viz.row_entropy(np.stack(_heatmaps(explorer.fig))).mean()
+
+    e1 = entropy()
+    explorer.controls["temperature"].value = 0.2
+    e_cold = entropy()
+    explorer.controls["temperature"].value = 5.0
+    e_hot = entropy()
+    assert e_cold < e1 < e_hot
+
+
+def test_explorer_length_and_single_head_view(explorer):
+    explorer.controls["T"].value = 11
+    data = _heatmaps(explorer.fig)
+    assert [d.shape for d in data] == [(11, 11)] * 4
+    explorer.controls["head"].value = 2
+    assert "changed: head all -> 2" in explorer.caption.value
+    (one,) = _heatmaps(explorer.fig)
+    np.testing.assert_array_equal(one, viz.attention_maps(16, 4, 11, False)[2])
+    explorer.controls["n_heads"].value = 2  # head 2 no longer exists: back to the grid
+    assert explorer.controls["head"].value == -1
+    assert len(_heatmaps(explorer.fig)) == 2
+
+
+@pytest.mark.parametrize("kwargs, match", [({"n_heads": 3}, "divisible"), ({"T": 1}, "T must be"),
+                                           ({"T": 17}, "T must be"),
+                                           ({"temperature": 20.0}, "temperature must be")])
+def test_explorer_rejects_settings_outside_its_controls(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        viz.explorer(d_model=16, **kwargs)
+
+
+def test_explorer_displays_the_widget_with_a_png_fallback(explorer, monkeypatch):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda obj, raw=False: shown.append(obj))
+    explorer._ipython_display_()
+    (bundle,) = shown
+    assert "application/vnd.jupyter.widget-view+json" in bundle
+    assert bundle["application/vnd.jupyter.widget-view+json"]["model_id"] == explorer.widget.model_id
+    assert base64.b64decode(bundle["image/png"]) == bytes(explorer.image.value)
+
+
+def test_explorer_reuses_figures_and_keeps_titles_current(explorer):
+    grid4 = explorer.fig
+    explorer.controls["n_heads"].value = 8
+    assert explorer.fig is not grid4
+    explorer.controls["n_heads"].value = 4
+    assert explorer.fig is grid4  # the laid-out view is reused, only its data changes
+    explorer.controls["head"].value = 0
+    assert explorer.fig.axes[0].get_title() == "head 0 of 4"
+    explorer.controls["n_heads"].value = 8  # head 0 still exists: same view kind, new title
+    assert explorer.fig.axes[0].get_title() == "head 0 of 8"
+    np.testing.assert_array_equal(_heatmaps(explorer.fig)[0],
+                                  viz.attention_maps(16, 8, 6, False)[0])
+
+
+def test_describe_reports_a_range_when_heads_differ():
+    maps = np.full((2, 2, 2), 0.5)
+    maps[1, 0] = [1.0, 0.0]  # head 1 has one exact zero, head 0 none
+    assert viz.describe(maps, causal=False, temperature=1.0).startswith(
+        "causal off: 0-1 of 4 weights per head are exactly 0")
