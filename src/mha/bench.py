@@ -1,0 +1,288 @@
+"""Timing, FLOP and memory helpers shared by `benchmarks/sdpa_backends.py` and notebook 09.
+
+Shape legend: B batch, h heads, T query length, S key length, d_k head width.
+Nothing here asserts a time: CPU timings on shared machines swing 2-5x between runs,
+so compare ratios measured in one run, never absolute numbers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import platform
+import re
+import statistics
+import sys
+import time
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from . import steps
+from .torch_mha import causal_mask, manual_attention
+
+BACKENDS: dict[str, SDPBackend] = {
+    "math": SDPBackend.MATH,
+    "flash": SDPBackend.FLASH_ATTENTION,
+    "efficient": SDPBackend.EFFICIENT_ATTENTION,
+    "cudnn": SDPBackend.CUDNN_ATTENTION,
+}
+"""SDPA's backends by short name; `torch.nn.attention.sdpa_kernel` forces one of them."""
+
+# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from vendor datasheets, matched in
+# order against torch.cuda.get_device_name(); more specific names come first.
+GPU_PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
+    (r"H100.*PCIe", 756.0),
+    (r"H100.*NVL", float("nan")),  # not listed: unknown rather than a guess
+    (r"H100|H200|GH200", 989.0),  # SXM parts
+    (r"A100", 312.0),
+    (r"L40S", 362.0),
+    (r"\bL4\b", 121.0),
+    (r"RTX 4090", 165.0),
+]
+
+
+# ---- FLOPs -----------------------------------------------------------------------------------
+def attention_flops(B: int, h: int, T: int, d_k: int, S: int | None = None, causal: bool = False) -> int:
+    """FLOPs of the attention core: 4 * B * h * T * S * d_k (halved when causal).
+
+    Each (query, key) pair costs d_k multiply-adds for q.k and d_k for weights @ v: 2 * 2 * d_k
+    FLOPs. Softmax and scaling are O(T * S) and left out, as FlashAttention's papers do.
+    Causal keeps about half the pairs; the exact count T(T+1)/2 differs by T/2 pairs.
+    """
+    S = T if S is None else S
+    flops = 4 * B * h * T * S * d_k
+    return flops // 2 if causal else flops
+
+
+def tflops(flops: float, seconds: float) -> float:
+    """Achieved TFLOP/s for `flops` done in `seconds`."""
+    return flops / seconds / 1e12
+
+
+def score_matrix_bytes(B: int, h: int, T: int, S: int, dtype: torch.dtype) -> int:
+    """Bytes of one (B, h, T, S) matrix: what the math path materialises (at least once)."""
+    return B * h * T * S * torch.empty((), dtype=dtype).element_size()
+
+
+# ---- timing ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class Timing:
+    """Seconds per call: median and minimum over `repeats` timed calls."""
+
+    median_s: float
+    min_s: float
+    repeats: int
+
+
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def time_fn(
+    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: str = "cpu",
+    min_time_s: float = 0.0,
+) -> Timing:
+    """Time `fn()` after `warmup` calls: at least `repeats` calls and at least `min_time_s` in all.
+
+    CUDA work is asynchronous, so each call is bracketed by torch.cuda.synchronize().
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for _ in range(warmup):
+        fn()
+    _sync(device)
+    times: list[float] = []
+    while len(times) < repeats or sum(times) < min_time_s:
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return Timing(statistics.median(times), min(times), len(times))
+
+
+def time_interleaved(
+    fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, device: str = "cpu",
+    min_time_s: float = 0.0,
+) -> dict[str, Timing]:
+    """Time several functions in rounds (one call of each per round), so load bursts hit all alike.
+
+    Each function gets at least `repeats` timed calls and at least `min_time_s` of calls.
+    """
+    if repeats < 1:
+        raise ValueError(f"repeats must be >= 1, got {repeats}")
+    for fn in fns.values():
+        for _ in range(warmup):
+            fn()
+    _sync(device)
+    times: dict[str, list[float]] = {name: [] for name in fns}
+    while any(len(t) < repeats or sum(t) < min_time_s for t in times.values()):
+        for name, fn in fns.items():
+            t = times[name]
+            if len(t) >= repeats and sum(t) >= min_time_s:
+                continue
+            t0 = time.perf_counter()
+            fn()
+            _sync(device)
+            t.append(time.perf_counter() - t0)
+    return {n: Timing(statistics.median(t), min(t), len(t)) for n, t in times.items()}
+
+
+# ---- memory ----------------------------------------------------------------------------------
+@contextlib.contextmanager
+def _quiet_stderr() -> Iterator[None]:
+    """Silence file descriptor 2: the profiler's C++ side prints start/stop lines there."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as devnull:
+            os.dup2(devnull.fileno(), 2)
+            yield
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
+def peak_memory_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
+    """Peak extra bytes allocated by torch while `fn()` runs (above what was live before).
+
+    CUDA: torch.cuda.max_memory_allocated. CPU: torch has no peak counter and tracemalloc
+    cannot see torch's allocator, so we replay torch.profiler's allocation record: each op's
+    own allocations count from its start, its frees at its end, and we take the running max.
+    """
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        before = torch.cuda.memory_allocated()
+        fn()
+        torch.cuda.synchronize()
+        return torch.cuda.max_memory_allocated() - before
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU], profile_memory=True) as prof:
+        fn()
+    deltas = []
+    for e in prof.events():
+        b = e.self_cpu_memory_usage
+        if b > 0:
+            deltas.append((e.time_range.start, b))
+        elif b < 0:
+            deltas.append((e.time_range.end, b))
+    live = peak = 0
+    for _, b in sorted(deltas):
+        live += b
+        peak = max(peak, live)
+    return peak
+
+
+def numpy_peak_bytes(fn: Callable[[], object]) -> int:
+    """Peak bytes numpy allocates while `fn()` runs, via tracemalloc (numpy reports to it; torch does not)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        tracemalloc.reset_peak()
+        before = tracemalloc.get_traced_memory()[0]
+        fn()
+        return tracemalloc.get_traced_memory()[1] - before
+    finally:
+        tracemalloc.stop()
+
+
+# ---- the attention cores being compared ------------------------------------------------------
+def numpy_core(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False) -> np.ndarray:
+    """Steps 3-6 with mha.steps (what the numpy module runs between its projections)."""
+    T, S = q.shape[-2], k.shape[-2]
+    allowed = steps.causal_mask(T, S) if causal else None  # (T, S)
+    return steps.weighted_sum(steps.masked_softmax(steps.scaled_scores(q, k), allowed), v)
+
+
+def manual_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    """Steps 3-6 in torch, the torch module's manual path (forms the (B, h, T, S) weights)."""
+    allowed = causal_mask(q.shape[-2], k.shape[-2], device=q.device) if causal else None
+    return manual_attention(q, k, v, allowed)[0]  # (B, h, T, d_k)
+
+
+def sdpa_core(q, k, v, causal: bool = False, backend: str | None = None) -> torch.Tensor:
+    """F.scaled_dot_product_attention, forced onto `backend` ("math", "flash", ...) or left to choose."""
+    if backend is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, h, T, d_k)
+    with sdpa_kernel(BACKENDS[backend]):
+        return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, h, T, d_k)
+
+
+# ---- which backend accepts what --------------------------------------------------------------
+def _short_reason(messages: list[str], error: str) -> str:
+    """The most specific line among SDPA's warnings, without the 'Triggered internally' tail."""
+    lines = [re.sub(r"\s*\(Triggered internally at .*\)\s*$", "", m, flags=re.S).strip()
+             for m in messages]
+    lines = [m for m in lines if m and not m.endswith("not used because:")]
+    return lines[-1] if lines else error.splitlines()[0]
+
+
+def try_backend(backend: str, q, k, v, **kwargs) -> tuple[bool, str]:
+    """Run SDPA forced onto `backend`; return (True, "ok") or (False, SDPA's own short reason)."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            with sdpa_kernel(BACKENDS[backend]):
+                F.scaled_dot_product_attention(q, k, v, **kwargs)
+            return True, "ok"
+        except RuntimeError as e:
+            return False, _short_reason([str(w.message) for w in caught], str(e))
+
+
+def available_backends(device: str = "cpu", dtype: torch.dtype = torch.float32) -> list[str]:
+    """Backends that run a plain (1, 2, 16, 64) self-attention on `device` in `dtype`."""
+    q = torch.randn(1, 2, 16, 64, device=device, dtype=dtype)
+    return [name for name in BACKENDS if try_backend(name, q, q, q)[0]]
+
+
+# ---- the machine -----------------------------------------------------------------------------
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (Linux) or platform, else 'unknown CPU'."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
+def gpu_peak_bf16_tflops(name: str) -> float | None:
+    """Dense bf16 peak TFLOP/s for a GPU name from the small table above, or None if unknown."""
+    for pattern, peak in GPU_PEAK_BF16_TFLOPS:
+        if re.search(pattern, name):
+            return None if peak != peak else peak  # NaN marks a known-unknown
+    return None
+
+
+def machine_info() -> dict[str, str]:
+    """CPU model, core and thread counts, GPU (if any) and the versions that shape the timings."""
+    info = {
+        "cpu": cpu_model(),
+        "cores": str(os.cpu_count()),
+        "torch_threads": str(torch.get_num_threads()),
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "numpy": np.__version__,
+        "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+    }
+    return info
+
+
+def machine_line(info: dict[str, str] | None = None) -> str:
+    """One line describing the machine and versions, for tables and plot titles."""
+    i = machine_info() if info is None else info
+    gpu = "" if i["gpu"] == "none" else f", GPU {i['gpu']}"
+    return (f"{i['cpu']} ({i['cores']} cores, torch threads {i['torch_threads']}{gpu}); "
+            f"python {i['python']}, torch {i['torch']}, numpy {i['numpy']}")

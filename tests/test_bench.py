@@ -1,0 +1,125 @@
+"""mha.bench: the FLOP formula against a brute-force count, the helpers' contracts, and the backends."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+import pytest
+import torch
+
+from mha import bench, steps
+
+
+def count_flops_by_loops(B: int, h: int, T: int, S: int, d_k: int, causal: bool) -> int:
+    """Count multiply-adds pair by pair: q.k (d_k) and weights @ v (d_k), 2 FLOPs each."""
+    allowed = steps.causal_mask(T, S) if causal else np.ones((T, S), dtype=bool)
+    pairs = sum(1 for t in range(T) for s in range(S) if allowed[t, s])
+    return B * h * pairs * 2 * (2 * d_k)
+
+
+@pytest.mark.parametrize(("B", "h", "T", "S", "d_k"), [(1, 1, 4, 4, 8), (2, 8, 16, 16, 64), (3, 2, 5, 9, 4)])
+def test_attention_flops_matches_a_brute_force_count(B, h, T, S, d_k):
+    assert bench.attention_flops(B, h, T, d_k, S=S) == count_flops_by_loops(B, h, T, S, d_k, False)
+
+
+@pytest.mark.parametrize("T", [2, 16, 256])
+def test_causal_flops_are_half_within_T_over_2_pairs(T):
+    half = bench.attention_flops(2, 4, T, 32, causal=True)
+    exact = count_flops_by_loops(2, 4, T, T, 32, causal=True)  # T(T+1)/2 pairs
+    assert half == bench.attention_flops(2, 4, T, 32) // 2
+    assert exact - half == 2 * 4 * (T // 2) * 4 * 32  # the diagonal's half: T/2 pairs per head
+
+
+def test_tflops_and_matrix_bytes():
+    assert bench.tflops(2e12, 0.5) == pytest.approx(4.0)
+    assert bench.score_matrix_bytes(2, 8, 1024, 512, torch.float32) == 2 * 8 * 1024 * 512 * 4
+    assert bench.score_matrix_bytes(1, 1, 4, 4, torch.bfloat16) == 32
+
+
+def test_time_fn_calls_warmup_plus_repeats():
+    calls = []
+    t = bench.time_fn(lambda: calls.append(1), repeats=4, warmup=2)
+    assert len(calls) == 6 and t.repeats == 4 and 0 <= t.min_s <= t.median_s
+    # min_time_s keeps calling until the calls add up to it: each sleep is >= 10 ms,
+    # so 50 ms needs at most 5 calls, and never fewer than `repeats`
+    t = bench.time_fn(lambda: time.sleep(0.01), repeats=2, warmup=0, min_time_s=0.05)
+    assert 2 <= t.repeats <= 5
+    with pytest.raises(ValueError, match="repeats must be >= 1"):
+        bench.time_fn(lambda: None, repeats=0)
+
+
+def test_time_interleaved_runs_each_function_in_rounds():
+    order = []
+    fns = {"a": lambda: order.append("a"), "b": lambda: order.append("b")}
+    res = bench.time_interleaved(fns, repeats=3, warmup=1)
+    assert order == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then alternating rounds
+    assert {n: t.repeats for n, t in res.items()} == {"a": 3, "b": 3}
+
+
+def test_cores_agree():
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, 2, 8, 16, generator=g, dtype=torch.float64) for _ in range(3))
+    for causal in (False, True):
+        want = bench.numpy_core(q.numpy(), k.numpy(), v.numpy(), causal)
+        for got in (bench.manual_core(q, k, v, causal), bench.sdpa_core(q, k, v, causal),
+                    bench.sdpa_core(q, k, v, causal, "math")):
+            np.testing.assert_allclose(got.numpy(), want, rtol=0, atol=1e-13)
+
+
+def test_math_path_memory_grows_with_the_score_matrix_and_flash_does_not():
+    q = torch.randn(1, 4, 512, 32, generator=torch.Generator().manual_seed(0))
+    scores = bench.score_matrix_bytes(1, 4, 512, 512, torch.float32)
+    math_peak = bench.peak_memory_bytes(lambda: bench.sdpa_core(q, q, q, backend="math"))
+    flash_peak = bench.peak_memory_bytes(lambda: bench.sdpa_core(q, q, q, backend="flash"))
+    assert math_peak >= scores  # the (B, h, T, T) matrix is really allocated
+    assert flash_peak < scores / 4  # tiles, never the whole matrix
+
+
+def test_numpy_peak_sees_the_score_matrix():
+    q = np.random.default_rng(0).normal(size=(1, 2, 256, 16)).astype(np.float32)
+    peak = bench.numpy_peak_bytes(lambda: bench.numpy_core(q, q, q))
+    assert peak >= 2 * 256 * 256 * 4
+
+
+def test_cpu_backends_and_refusal_reasons():
+    assert bench.available_backends("cpu") == ["math", "flash"]
+    q = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(0))
+    assert bench.try_backend("flash", q, q, q) == (True, "ok")
+    ok, why = bench.try_backend("flash", q, q, q, dropout_p=0.1)
+    assert not ok and "dropout" in why
+    ok, why = bench.try_backend("flash", q, q, torch.randn(1, 2, 8, 32))
+    assert not ok and "same last dimension" in why
+    assert not bench.try_backend("efficient", q, q, q)[0]  # a CUDA-only kernel
+
+
+@pytest.mark.parametrize(("name", "peak"), [
+    ("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H200", 989.0), ("NVIDIA H100 PCIe", 756.0),
+    ("NVIDIA A100-SXM4-80GB", 312.0), ("NVIDIA L4", 121.0), ("NVIDIA L40S", 362.0),
+    ("NVIDIA H100 NVL", None), ("Tesla T4", None),
+])
+def test_gpu_peak_table(name, peak):
+    assert bench.gpu_peak_bf16_tflops(name) == peak
+
+
+def test_machine_info_names_versions_and_threads():
+    info = bench.machine_info()
+    assert info["torch"] == torch.__version__ and info["numpy"] == np.__version__
+    assert int(info["torch_threads"]) >= 1
+    assert torch.__version__ in bench.machine_line(info)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: fused GPU kernels")
+@pytest.mark.parametrize("backend", ["flash", "efficient", "cudnn"])
+def test_cuda_backends_match_math_within_derived_tolerance(backend):
+    g = torch.Generator(device="cuda").manual_seed(0)
+    q, k, v = (torch.randn(2, 8, 256, 64, generator=g, device="cuda", dtype=torch.bfloat16)
+               for _ in range(3))
+    golden = bench.sdpa_core(q.double(), k.double(), v.double(), True, "math")
+    lp_ref = bench.manual_core(q, k, v, True).double()
+    ok, why = bench.try_backend(backend, q, k, v, is_causal=True)
+    if not ok:
+        pytest.skip(f"needs CUDA with {backend} support on this GPU: {why}")
+    ref_err = float((golden - lp_ref).abs().max())
+    err = float((bench.sdpa_core(q, k, v, True, backend).double() - golden).abs().max())
+    assert err <= max(3 * ref_err, torch.finfo(torch.bfloat16).eps * float(golden.abs().max()))
