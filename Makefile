@@ -31,7 +31,9 @@ $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.lab-installed
 	$(PIP) install -q --progress-bar off -r requirements-dev.txt
 	@touch $@
 
+# Trusting our own notebooks lets JupyterLab render their widgets and HTML outputs.
 lab: $(VENV)/.lab-installed
+	@$(BIN)/jupyter trust $(NOTEBOOKS) >/dev/null
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
 	  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
 

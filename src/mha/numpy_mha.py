@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import steps
-from .validate import mask_shape, require_float, require_heads, require_tokens
+from .validate import mask_shape, require_float, require_heads, require_query_and_context
 
 
 @dataclass(frozen=True)
@@ -19,6 +19,25 @@ class LedgerRow:
     tensor: str
     symbol: str
     shape: tuple[int, ...]
+
+
+class Recorder:
+    """Collects LedgerRows during a forward pass into `ledger`; does nothing when it is None."""
+
+    def __init__(self, ledger: list[LedgerRow] | None):
+        self.ledger = ledger
+
+    def __call__(self, step: str, tensor: str, symbol: str, value):
+        """Record one tensor's shape under its step, and pass the tensor through."""
+        if self.ledger is not None:
+            self.ledger.append(LedgerRow(step, tensor, symbol, tuple(value.shape)))
+        return value
+
+    def inputs(self, x, context) -> None:
+        """Record the input rows: x, and the context when attending to another sequence."""
+        self("input", "x", "(B, T, d_model)", x)
+        if context is not None:
+            self("input", "context", "(B, S, d_model)", context)
 
 
 def format_ledger(rows: list[LedgerRow]) -> str:
@@ -103,12 +122,7 @@ class MultiHeadAttention:
         return allowed
 
     def _check_inputs(self, x, context) -> tuple[int, int, int]:
-        B, T = require_tokens("x", x, self.d_model)
-        S = T
-        if context is not None:
-            Bc, S = require_tokens("context", context, self.d_model)
-            if Bc != B:
-                raise ValueError(f"context must have the same batch size as x (B={B}), got {Bc}")
+        B, T, S = require_query_and_context(x, context, self.d_model)
         for name, a in (("x", x), ("context", context)):
             if a is not None and a.dtype != self.dtype:
                 require_float(name, a)
@@ -123,15 +137,8 @@ class MultiHeadAttention:
         B, T, S = self._check_inputs(x, context)
         allowed = self.allowed(B, T, S, causal, mask)
         ctx = x if context is None else context
-
-        def log(step, tensor, symbol, value):
-            if ledger is not None:
-                ledger.append(LedgerRow(step, tensor, symbol, tuple(value.shape)))
-            return value
-
-        log("input", "x", "(B, T, d_model)", x)
-        if context is not None:
-            log("input", "context", "(B, S, d_model)", ctx)
+        log = Recorder(ledger)
+        log.inputs(x, context)
         # 1) project: three different views of the tokens
         q = log("1 project", "q = x Wq + bq", "(B, T, d_model)", steps.linear(x, self.Wq, self.bq))
         k = log("1 project", "k = x Wk + bk", "(B, S, d_model)", steps.linear(ctx, self.Wk, self.bk))

@@ -113,6 +113,17 @@ def require_tokens(name: str, x: Any, d_model: int) -> tuple[int, int]:
     return B, T
 
 
+def require_query_and_context(x: Any, context: Any, d_model: int) -> tuple[int, int, int]:
+    """Check x (B, T, d_model) and an optional context (B, S, d_model); return (B, T, S)."""
+    B, T = require_tokens("x", x, d_model)
+    if context is None:
+        return B, T, T
+    Bc, S = require_tokens("context", context, d_model)
+    if Bc != B:
+        raise ValueError(f"context must have the same batch size as x (B={B}), got {Bc}")
+    return B, T, S
+
+
 def _is_bool(x: Any) -> bool:
     dt = x.dtype
     return dt == np.bool_ if isinstance(dt, np.dtype) else str(dt) == "torch.bool"
