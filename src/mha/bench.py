@@ -89,22 +89,8 @@ def time_fn(
     fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: str = "cpu",
     min_time_s: float = 0.0,
 ) -> Timing:
-    """Time `fn()` after `warmup` calls: at least `repeats` calls and at least `min_time_s` in all.
-
-    CUDA work is asynchronous, so each call is bracketed by torch.cuda.synchronize().
-    """
-    if repeats < 1:
-        raise ValueError(f"repeats must be >= 1, got {repeats}")
-    for _ in range(warmup):
-        fn()
-    _sync(device)
-    times: list[float] = []
-    while len(times) < repeats or sum(times) < min_time_s:
-        t0 = time.perf_counter()
-        fn()
-        _sync(device)
-        times.append(time.perf_counter() - t0)
-    return Timing(statistics.median(times), min(times), len(times))
+    """Time `fn()` after `warmup` calls: at least `repeats` calls and at least `min_time_s` in all."""
+    return time_interleaved({"fn": fn}, repeats, warmup, device, min_time_s)["fn"]
 
 
 def time_interleaved(
@@ -114,6 +100,7 @@ def time_interleaved(
     """Time several functions in rounds (one call of each per round), so load bursts hit all alike.
 
     Each function gets at least `repeats` timed calls and at least `min_time_s` of calls.
+    CUDA work is asynchronous, so each call is bracketed by torch.cuda.synchronize().
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
