@@ -17,7 +17,8 @@ def setup(rng):
 
 def test_bug_swaps_and_always_restores_the_steps(setup):
     mha, x = setup
-    originals = {n: getattr(steps, n) for n in ("scaled_scores", "apply_mask", "softmax",
+    originals = {n: getattr(steps, n) for n in ("linear", "split_heads", "scaled_scores",
+                                                 "causal_mask", "apply_mask", "softmax",
                                                  "merge_heads")}
     for name in planted.BUGS:
         with pytest.raises(RuntimeError), planted.bug(name):

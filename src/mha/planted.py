@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -28,12 +29,61 @@ from .validate import require_float, require_shape
 _softmax = steps.softmax
 
 
+# 1) Weights used as (out, in) ---------------------------------------------------------
+def weights_transposed(x: np.ndarray, W: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """WRONG: x @ W.T + b, treating numpy's (in, out) W as nn.Linear's (out, in) weight.
+
+    With square weights the shape is right, so nothing complains: every projection
+    silently uses the transpose of the trained matrix.
+    """
+    require_float("x", x)
+    return x @ W.T + b  # (..., d_in) @ (d_out, d_in).T: only works because W is square
+
+
+# 2) Split without the transpose -------------------------------------------------------
+def split_no_transpose(x: np.ndarray, n_heads: int) -> np.ndarray:
+    """WRONG: reshape (B, T, d_model) straight to (B, h, T, d_k), skipping the transpose.
+
+    The shape is right, but "head 0, token 1" now holds the second d_k-slice of token 0:
+    tokens and heads are mixed up in memory order.
+    """
+    require_shape("x", x, (("B", None), ("T", None), ("d_model", None)))
+    B, T, d_model = x.shape
+    return x.reshape(B, n_heads, T, d_model // n_heads)  # (B, T, d_model) read in memory order
+
+
 # 3) Scores without the scale ---------------------------------------------------------
 def scores_unscaled(q: np.ndarray, k: np.ndarray) -> np.ndarray:
     """WRONG: q k^T without dividing by sqrt(d_k); score variance grows like d_k."""
     require_float("q", q)
     require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
     return q @ k.swapaxes(-1, -2)  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S), no / sqrt(d_k)
+
+
+def scores_over_d_k(q: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """WRONG: q k^T / d_k instead of / sqrt(d_k); scores too small, softmax too flat."""
+    require_float("q", q)
+    require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
+    return (q @ k.swapaxes(-1, -2)) / q.shape[-1]  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
+
+
+# 4) Wrong causal masks -------------------------------------------------------------------
+def anti_causal_mask(T: int, S: int | None = None) -> np.ndarray:
+    """WRONG: np.triu instead of np.tril: each query sees itself and the future, not the past."""
+    S = T if S is None else S
+    return np.triu(np.ones((T, S), dtype=bool))  # (T, S): the upper-right staircase
+
+
+def mask_without_diagonal(T: int, S: int | None = None) -> np.ndarray:
+    """WRONG: s < t instead of s <= t: no query sees its own token, query 0 sees nothing."""
+    S = T if S is None else S
+    return np.tril(np.ones((T, S), dtype=bool), k=-1)  # (T, S): diagonal removed
+
+
+def mask_one_ahead(T: int, S: int | None = None) -> np.ndarray:
+    """WRONG: s <= t + 1 instead of s <= t: every query peeks one token into the future."""
+    S = T if S is None else S
+    return np.tril(np.ones((T, S), dtype=bool), k=1)  # (T, S): one diagonal too many
 
 
 # 4) Mask applied after softmax ---------------------------------------------------------
@@ -58,6 +108,15 @@ def softmax_no_max(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     require_float("scores", scores)
     e = np.exp(scores)
     return e / e.sum(axis=axis, keepdims=True)
+
+
+def softmax_wrong_axis(scores: np.ndarray, axis: int = -1) -> np.ndarray:
+    """WRONG: normalise over axis -2 (the queries) instead of the keys.
+
+    Each column of the (T, S) weights sums to 1 instead of each row, so a query's
+    weights are no longer a probability distribution over the keys.
+    """
+    return _softmax(scores, axis=-2)  # (B, h, T, S): sums to 1 down each column
 
 
 # 7) Merge without transposing back -----------------------------------------------------
@@ -89,27 +148,60 @@ def _mask_after_softmax_swaps() -> dict[str, Callable]:
     return {"apply_mask": apply_mask, "softmax": softmax}
 
 
-BUGS: dict[str, str] = {
-    "unscaled_scores": "step 3 without / sqrt(d_k): scores too large, softmax saturates",
-    "mask_after_softmax": "step 4 after step 5: zeroing weights after softmax breaks "
-                          "causality and rows no longer sum to 1",
-    "softmax_no_max": "step 5 without subtracting the row max: exp overflows to inf, NaN",
-    "merge_no_transpose": "step 7 reshape without transpose: right shape, wrong values",
-}
+@dataclass(frozen=True)
+class Bug:
+    """One planted bug: the `mha.steps` function it imitates, and what is wrong with it."""
+
+    name: str
+    step: str  # name of the mha.steps function it replaces (same signature)
+    number: int  # the pipeline step (1-7) it breaks
+    wrong: str  # one line: what is wrong
+    fn: Callable
+
+
+CATALOGUE: dict[str, Bug] = {b.name: b for b in (
+    Bug("weights_transposed", "linear", 1,
+        "step 1 with W used as (out, in): x @ W.T + b, silently wrong for square W",
+        weights_transposed),
+    Bug("split_no_transpose", "split_heads", 2,
+        "step 2 reshape straight to (B, h, T, d_k): right shape, tokens and heads mixed",
+        split_no_transpose),
+    Bug("unscaled_scores", "scaled_scores", 3,
+        "step 3 without / sqrt(d_k): scores too large, softmax saturates", scores_unscaled),
+    Bug("scores_over_d_k", "scaled_scores", 3,
+        "step 3 divided by d_k instead of sqrt(d_k): scores too small, softmax too flat",
+        scores_over_d_k),
+    Bug("anti_causal_mask", "causal_mask", 4,
+        "step 4 with np.triu: queries see the future and not the past", anti_causal_mask),
+    Bug("mask_without_diagonal", "causal_mask", 4,
+        "step 4 off by one (s < t): no query sees itself, query 0 sees nothing",
+        mask_without_diagonal),
+    Bug("mask_one_ahead", "causal_mask", 4,
+        "step 4 off by one (s <= t + 1): every query peeks one token ahead", mask_one_ahead),
+    Bug("mask_after_softmax", "masked_softmax", 4,
+        "step 4 after step 5: zeroing weights after softmax breaks causality and rows no "
+        "longer sum to 1", mask_after_softmax),
+    Bug("softmax_no_max", "softmax", 5,
+        "step 5 without subtracting the row max: exp overflows to inf, NaN", softmax_no_max),
+    Bug("softmax_wrong_axis", "softmax", 5,
+        "step 5 over the wrong axis: columns sum to 1 instead of rows", softmax_wrong_axis),
+    Bug("merge_no_transpose", "merge_heads", 7,
+        "step 7 reshape without transpose: right shape, wrong values", merge_no_transpose),
+)}
+"""Every bug `bug(name)` can plant, in pipeline order."""
+
+BUGS: dict[str, str] = {name: b.wrong for name, b in CATALOGUE.items()}
 """Name -> what is wrong, for every bug `bug(name)` can plant."""
 
 
 def _swaps(name: str) -> dict[str, Callable]:
     """The `mha.steps` attributes to replace for the planted bug `name`."""
-    if name == "unscaled_scores":
-        return {"scaled_scores": scores_unscaled}
-    if name == "mask_after_softmax":
+    if name not in CATALOGUE:
+        raise ValueError(f"unknown planted bug {name!r}; expected one of {sorted(BUGS)}")
+    if name == "mask_after_softmax":  # the module calls apply_mask and softmax separately
         return _mask_after_softmax_swaps()
-    if name == "softmax_no_max":
-        return {"softmax": softmax_no_max}
-    if name == "merge_no_transpose":
-        return {"merge_heads": merge_no_transpose}
-    raise ValueError(f"unknown planted bug {name!r}; expected one of {sorted(BUGS)}")
+    bug_ = CATALOGUE[name]
+    return {bug_.step: bug_.fn}
 
 
 @contextmanager

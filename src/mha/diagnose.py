@@ -1,0 +1,477 @@
+"""Say what is wrong with a student's step or forward pass, in words a student understands.
+
+    diagnose.check_step("softmax", my_softmax)      # the success line, or AssertionError(why)
+    diagnose.step("softmax", my_softmax)            # the same as a Diagnosis object
+    diagnose.check_forward(my_forward, module)      # whole forward pass, x -> (B, T, d_model)
+    diagnose.pipeline({"split_heads": f, ...}, module)  # the first step whose output differs
+
+How it decides: the student's code and the reference (`mha.steps`) run on the same seeded
+inputs, case by case (ordinary inputs first, then the edge cases a step must survive).
+At the first case where they differ, every planted bug of that step (`mha.planted`) runs
+on the same inputs too; if the student's output matches one of them, that bug is named,
+with the evidence measured on this run ("rows sum to 0.84, not 1"). If none matches,
+the message says where the student's output first differs from the reference and by how
+much, and names no cause: a wrong name would send a student the wrong way.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import planted
+from . import steps as ref_steps
+from .validate import shape_of
+
+Case = tuple[str, tuple]  # (what the case is, positional arguments)
+
+
+@dataclass(frozen=True)
+class Diagnosis:
+    """The verdict on one piece of student code: correct or not, where, and the likely bug."""
+
+    target: str  # what was checked: a step name or "forward"
+    ok: bool
+    message: str
+    step: int | None = None  # the pipeline step (1-7) where it first differs
+    bug: str | None = None  # the planted bug the output matches, if any
+    cases: tuple[str, ...] = field(default=())  # the cases that were run
+
+    def __str__(self) -> str:
+        return self.message
+
+    def check(self) -> str:
+        """Return the message if correct; raise AssertionError(message) if not."""
+        if not self.ok:
+            raise AssertionError(self.message)
+        return self.message
+
+
+# ---- comparing outputs ------------------------------------------------------------------------
+def _to_numpy(a: Any) -> Any:
+    """A torch tensor becomes a numpy array (float16 and bfloat16 as float32); else unchanged."""
+    if hasattr(a, "detach") and hasattr(a, "cpu"):
+        t = a.detach().cpu()
+        if t.is_floating_point() and t.element_size() < 4:
+            t = t.float()  # numpy has no bfloat16
+        return t.numpy()
+    return a
+
+
+def _tolerance(out: np.ndarray, ref: np.ndarray) -> dict[str, float]:
+    """Allowed difference: tight when both are float64, looser when either is float32."""
+    if out.dtype == np.float64 and ref.dtype == np.float64:
+        return {"rtol": 1e-6, "atol": 1e-9}
+    return {"rtol": 1e-4, "atol": 1e-5}
+
+
+def _same(out: np.ndarray, ref: np.ndarray) -> bool:
+    """Same shape and values: booleans exactly, floats within tolerance, NaN only where NaN."""
+    if out.shape != ref.shape:
+        return False
+    if ref.dtype == np.bool_ or out.dtype == np.bool_:
+        return bool(np.array_equal(out, ref))
+    with np.errstate(invalid="ignore", over="ignore"):
+        return bool(np.allclose(out, ref, equal_nan=True, **_tolerance(out, ref)))
+
+
+def _same_after_softmax(out: np.ndarray, ref: np.ndarray) -> bool:
+    """For masked scores: any fill that softmax turns into exact zeros (-inf, -1e9) is fine."""
+    if out.shape != ref.shape:
+        return False
+    live = np.isfinite(ref).any(axis=-1)  # rows with at least one allowed key
+    with np.errstate(invalid="ignore", over="ignore"):
+        a, b = ref_steps.softmax(out.astype(np.float64)), ref_steps.softmax(ref)
+    return bool(np.allclose(a[live], b[live], rtol=1e-6, atol=1e-9))
+
+
+def _fmt(v: float) -> str:
+    """A plain number for messages (never np.float64(...))."""
+    return f"{float(v):.4g}"
+
+
+def _where_differs(out: np.ndarray, ref: np.ndarray) -> str:
+    """'max |yours - expected| = 0.31 at index (0, 1, 2, 3): yours 0.12, expected 0.43'."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        diff = np.abs(out.astype(np.float64) - ref.astype(np.float64))
+    bad = np.isnan(out) & ~np.isnan(ref)
+    if bad.any():
+        idx = tuple(int(i) for i in np.argwhere(bad)[0])
+        return (f"{int(bad.sum())} value(s) are NaN, first at index {idx} "
+                f"(expected {_fmt(ref[idx])})")
+    diff = np.where(np.isnan(diff), np.inf, diff)
+    idx = tuple(int(i) for i in np.unravel_index(int(np.argmax(diff)), diff.shape))
+    return (f"max |yours - expected| = {_fmt(diff[idx])} at index {idx}: "
+            f"yours {_fmt(out[idx])}, expected {_fmt(ref[idx])}")
+
+
+# ---- evidence for each planted bug, measured on this run --------------------------------------
+def _row_sums(w: np.ndarray) -> str:
+    s = np.nansum(w, axis=-1)
+    lo, hi = float(s.min()), float(s.max())
+    return f"{lo:.2f}" if math.isclose(lo, hi, abs_tol=5e-3) else f"between {lo:.2f} and {hi:.2f}"
+
+
+def _ratio(out: np.ndarray, ref: np.ndarray) -> float:
+    """The factor between two arrays that are (nearly) multiples of each other."""
+    return float(np.linalg.norm(out) / np.linalg.norm(ref))
+
+
+def _evidence(bug: str, out: np.ndarray, ref: np.ndarray, args: tuple) -> str:
+    """One or two sentences: what the student's output shows, and the likely mistake."""
+    shape = shape_of(ref)
+    if bug == "weights_transposed":
+        return (f"right shape {shape}, but the values equal x @ W.T + b. numpy keeps W as "
+                f"(d_in, d_out): compute x @ W + b. Did you use W as (out, in), the way "
+                f"nn.Linear stores its weight?")
+    if bug == "split_no_transpose":
+        return (f"right shape {shape}, wrong values after splitting: head 0 of token 1 holds "
+                f"the second d_k-slice of token 0. Did you reshape (B, T, d_model) straight to "
+                f"(B, h, T, d_k)? Reshape to (B, T, h, d_k) first, then transpose(0, 2, 1, 3).")
+    if bug == "merge_no_transpose":
+        return (f"right shape {shape}, wrong values after merging: did you reshape "
+                f"(B, h, T, d_k) without transposing back first? transpose(0, 2, 1, 3) to "
+                f"(B, T, h, d_k), then reshape to (B, T, d_model).")
+    if bug in ("unscaled_scores", "scores_over_d_k"):
+        d_k = shape_of(args[0])[-1] if len(args) == 2 else None
+        r = _ratio(out, ref)
+        root = f"sqrt(d_k) = {math.sqrt(d_k):.3g}" if d_k else "sqrt(d_k)"
+        if bug == "unscaled_scores":
+            return (f"your scores are {r:.3g} times too large, and {root}: did you forget to "
+                    f"divide q k^T by sqrt(d_k)?")
+        return (f"your scores are {1 / r:.3g} times too small, and {root}: did you divide by "
+                f"d_k instead of sqrt(d_k)?")
+    if bug == "anti_causal_mask":
+        return (f"query 0 may attend to {int(np.asarray(out)[0].sum())} keys and the last query "
+                f"only to itself: the mask is the wrong triangle. Query t may see keys s <= t "
+                f"(np.tril), not s >= t (np.triu).")
+    if bug == "mask_without_diagonal":
+        return ("the diagonal is False, so no query may attend to its own token and query 0 "
+                "has no key at all (off by one). Allow s <= t, not s < t: np.tril(..., k=0).")
+    if bug == "mask_one_ahead":
+        return ("query t may also see key t + 1, one token in the future (off by one). Allow "
+                "s <= t only: np.tril(..., k=0).")
+    if bug == "mask_after_softmax":
+        return (f"rows sum to {_row_sums(out)}, not 1: did you zero the weights after softmax "
+                f"instead of masking the scores with -inf before it?")
+    if bug == "softmax_no_max":
+        big = float(np.nanmax(np.where(np.isfinite(args[0]), args[0], -np.inf)))
+        return (f"NaN or inf on scores as large as {big:.0f}: exp overflowed. Subtract each "
+                f"row's max before exp (it cancels in the ratio, and keeps exp <= 1).")
+    if bug == "softmax_wrong_axis":
+        return (f"every column sums to 1 but rows sum to {_row_sums(out)}: you normalised over "
+                f"axis -2 (the queries). Each query's weights over the keys must sum to 1: "
+                f"softmax over axis=-1.")
+    return planted.BUGS[bug]
+
+
+# ---- what each step is run on -----------------------------------------------------------------
+def _causal_scores(rng: np.random.Generator, T: int) -> np.ndarray:
+    s = rng.normal(size=(2, 3, T, T))  # (B, h, T, S)
+    return np.where(ref_steps.causal_mask(T), s, -np.inf)
+
+
+def _fully_masked_row(rng: np.random.Generator) -> np.ndarray:
+    s = _causal_scores(rng, 5)
+    s[0, 1, 2, :] = -np.inf  # (batch 0, head 1, query 2): nothing to attend to
+    return s
+
+
+def _cases(name: str, rng: np.random.Generator) -> list[Case]:
+    """Named input cases for one step, ordinary first, edge cases after."""
+    n = rng.normal
+    if name == "linear":
+        return [("x (2, 5, 12), W (12, 12), b (12,)",
+                 (n(size=(2, 5, 12)), n(size=(12, 12)) / math.sqrt(12), n(size=12))),
+                ("x (2, 5, 12), W (12, 20), b (20,)",
+                 (n(size=(2, 5, 12)), n(size=(12, 20)) / math.sqrt(12), n(size=20)))]
+    if name == "split_heads":
+        return [("x (2, 5, 12), n_heads=3", (n(size=(2, 5, 12)), 3)),
+                ("x (1, 4, 8), n_heads=2", (n(size=(1, 4, 8)), 2))]
+    if name == "merge_heads":
+        return [("x (2, 3, 5, 4)", (n(size=(2, 3, 5, 4)),)),
+                ("x (1, 2, 4, 3)", (n(size=(1, 2, 4, 3)),))]
+    if name == "scaled_scores":
+        return [("q (2, 3, 5, 16), k (2, 3, 7, 16)", (n(size=(2, 3, 5, 16)), n(size=(2, 3, 7, 16)))),
+                ("q (1, 2, 4, 4), k (1, 2, 4, 4)", (n(size=(1, 2, 4, 4)), n(size=(1, 2, 4, 4))))]
+    if name == "causal_mask":
+        return [("T=5", (5,)), ("T=1", (1,))]
+    if name == "apply_mask":
+        return [("scores (2, 3, 5, 5), causal mask (5, 5)",
+                 (n(size=(2, 3, 5, 5)), ref_steps.causal_mask(5)))]
+    if name == "masked_softmax":
+        return [("scores (2, 3, 5, 5), causal mask (5, 5)",
+                 (n(size=(2, 3, 5, 5)), ref_steps.causal_mask(5)))]
+    if name == "softmax":
+        return [("ordinary scores (2, 3, 4, 6)", (n(size=(2, 3, 4, 6)),)),
+                ("large scores, up to about 1000", (400.0 * n(size=(2, 3, 4, 6)),)),
+                ("causal scores with -inf above the diagonal", (_causal_scores(rng, 5),)),
+                ("a fully masked row (every score -inf)", (_fully_masked_row(rng),))]
+    if name == "weighted_sum":
+        return [("weights (2, 3, 5, 7), v (2, 3, 7, 4)",
+                 (ref_steps.softmax(n(size=(2, 3, 5, 7))), n(size=(2, 3, 7, 4))))]
+    raise ValueError(f"unknown step {name!r}; expected one of {sorted(STEPS)}")
+
+
+_REAL = {name: getattr(ref_steps, name) for name in (
+    "linear", "split_heads", "scaled_scores", "causal_mask", "apply_mask", "masked_softmax",
+    "softmax", "weighted_sum", "merge_heads")}
+"""The real steps, saved at import: references stay right even while a bug is planted."""
+
+STEPS: dict[str, int] = {
+    "linear": 1, "split_heads": 2, "scaled_scores": 3, "causal_mask": 4, "apply_mask": 4,
+    "masked_softmax": 4, "softmax": 5, "weighted_sum": 6, "merge_heads": 7,
+}
+"""Step functions `diagnose.step` knows, with their pipeline step number."""
+
+# What a case that fails with no matching bug most likely means (only where the case says it).
+_CASE_HINTS = {
+    "large scores, up to about 1000": "exp overflows past about 709 in float64: subtract each "
+                                      "row's max before exp.",
+    "a fully masked row (every score -inf)": "A row with nothing to attend to must come out as "
+        "zeros, not NaN: where the row max is -inf use 0 instead, and divide only where the "
+        "row sum is > 0 (notebook 05).",
+    "x (2, 5, 12), W (12, 20), b (20,)": "W is (d_in, d_out) here, not square: compute x @ W + b.",
+}
+
+
+def _shape_hint(name: str, got: tuple[int, ...], want: tuple[int, ...], args: tuple) -> str:
+    """A likely cause for a wrong shape, only where the shape itself says so."""
+    if name == "split_heads" and len(got) == 4 and (got[0], got[2], got[1], got[3]) == want:
+        return " You reshaped to (B, T, h, d_k) but did not transpose: transpose(0, 2, 1, 3)."
+    if name == "scaled_scores" and got == shape_of(args[0])[:2] + (shape_of(args[0])[-1],) * 2:
+        return " You multiplied over the tokens (q^T k); scores need q @ k.swapaxes(-1, -2)."
+    return ""
+
+
+# ---- running student code ---------------------------------------------------------------------
+def _call(fn: Callable, args: tuple) -> tuple[np.ndarray | None, str | None]:
+    """Run the student's function on copies of args; return (output, None) or (None, problem)."""
+    copies = tuple(a.copy() if isinstance(a, np.ndarray) else a for a in args)
+    try:
+        with np.errstate(all="ignore"):
+            out = fn(*copies)
+    except NotImplementedError:
+        return None, "is not written yet (it raises NotImplementedError): replace that line " \
+                     "with your code"
+    except Exception as e:  # a student's code may raise anything; report it, do not crash
+        return None, f"raised {type(e).__name__}: {e}"
+    if out is None:
+        return None, "returned None: did you forget the `return`?"
+    if isinstance(out, tuple):
+        return None, f"returned a tuple of {len(out)} items; return one array"
+    out = np.asarray(_to_numpy(out))
+    return out, None
+
+
+def _matching_bug(name: str, out: np.ndarray, ref: np.ndarray, args: tuple,
+                  passed: list[tuple]) -> str | None:
+    """The planted bug of step `name` that explains the student's output on every case so far.
+
+    It must give the student's output on `args`, and the reference's on every earlier case
+    (`passed`), where the student's code was right: a bug that would already have failed
+    there is not the student's bug, however alike the outputs look now.
+    """
+    for bug in planted.CATALOGUE.values():
+        if bug.step != name:
+            continue
+        with np.errstate(all="ignore"):
+            cand = np.asarray(bug.fn(*args))
+            if _same(ref, cand) or not _same(out, cand):
+                continue
+            if all(_same(np.asarray(bug.fn(*a)), np.asarray(_REAL[name](*a)))
+                   for a in passed):
+                return bug.name
+    return None
+
+
+def _compare(name: str, out: np.ndarray, ref: np.ndarray) -> bool:
+    return _same_after_softmax(out, ref) if name == "apply_mask" else _same(out, ref)
+
+
+def _judge(name: str, label: str, fn: Callable, args: tuple, case: str,
+           passed: list[tuple]) -> Diagnosis | None:
+    """None if fn agrees with the reference on args, else the Diagnosis of how it differs.
+
+    `passed` holds the arguments of the earlier cases of this step, which fn got right.
+    """
+    number = STEPS[name]
+    where = f"{label} (step {number})"
+    with np.errstate(all="ignore"):
+        ref = np.asarray(_REAL[name](*args))
+    out, problem = _call(fn, args)
+    if problem:
+        return Diagnosis(label, False, f"{where} {problem} [case: {case}]", number)
+    if name == "causal_mask" and out.dtype != np.bool_:
+        return Diagnosis(label, False, f"{where} returned dtype {out.dtype}; return a boolean "
+                         f"array (True = may attend), e.g. np.tril(np.ones((T, T), dtype=bool)) "
+                         f"[case: {case}]", number)
+    if out.shape != ref.shape:
+        hint = _shape_hint(name, shape_of(out), shape_of(ref), args)
+        return Diagnosis(label, False, f"{where} should return shape {shape_of(ref)}, got "
+                         f"{shape_of(out)} [case: {case}].{hint}", number)
+    if _compare(name, out, ref):
+        return None
+    bug = _matching_bug(name, out, ref, args, passed)
+    if bug:
+        return Diagnosis(label, False, f"{where}: {_evidence(bug, out, ref, args)} "
+                         f"[case: {case}; matches planted bug '{bug}']", number, bug)
+    hint = _CASE_HINTS.get(case, "")
+    return Diagnosis(label, False, f"{label} differs from the reference at step {number} "
+                     f"[case: {case}]: {_where_differs(out, ref)}." + (f" {hint}" if hint else ""),
+                     number)
+
+
+def step(name: str, fn: Callable, seed: int = 0) -> Diagnosis:
+    """Run a student's version of `mha.steps.<name>` on seeded cases and say what is wrong."""
+    if name not in STEPS:
+        raise ValueError(f"unknown step {name!r}; expected one of {sorted(STEPS)}")
+    cases = _cases(name, np.random.default_rng(seed))
+    passed: list[tuple] = []
+    for case, args in cases:
+        verdict = _judge(name, name, fn, args, case, passed)
+        if verdict is not None:
+            return verdict
+        passed.append(args)
+    names = tuple(c for c, _ in cases)
+    return Diagnosis(name, True, f"{name} (step {STEPS[name]}) matches the reference on "
+                     f"{len(cases)} case(s): " + "; ".join(names), STEPS[name], cases=names)
+
+
+def check_step(name: str, fn: Callable, seed: int = 0) -> str:
+    """`step(name, fn).check()`: the success line, or AssertionError saying what is wrong."""
+    return step(name, fn, seed).check()
+
+
+# ---- the whole pipeline -----------------------------------------------------------------------
+def trace_values(module, x: np.ndarray, causal: bool = True) -> list[tuple[str, str, tuple, np.ndarray]]:
+    """Every step call of the reference forward as (step name, label, args, output), in order."""
+    h = module.n_heads
+    T = x.shape[1]
+    rows: list[tuple[str, str, tuple, np.ndarray]] = []
+
+    def run(name: str, label: str, *args):
+        out = _REAL[name](*args)
+        rows.append((name, label, args, out))
+        return out
+
+    q = run("linear", "linear (q = x Wq + bq)", x, module.Wq, module.bq)  # (B, T, d_model)
+    k = run("linear", "linear (k = x Wk + bk)", x, module.Wk, module.bk)
+    v = run("linear", "linear (v = x Wv + bv)", x, module.Wv, module.bv)
+    qh = run("split_heads", "split_heads (q)", q, h)  # (B, h, T, d_k)
+    kh = run("split_heads", "split_heads (k)", k, h)
+    vh = run("split_heads", "split_heads (v)", v, h)
+    scores = run("scaled_scores", "scaled_scores", qh, kh)  # (B, h, T, S)
+    if causal:
+        allowed = run("causal_mask", "causal_mask", T)  # (T, S)
+        run("masked_softmax", "masked_softmax", scores, allowed)
+        scores = run("apply_mask", "apply_mask", scores, allowed)  # (B, h, T, S)
+    weights = run("softmax", "softmax", scores)  # (B, h, T, S)
+    heads = run("weighted_sum", "weighted_sum", weights, vh)  # (B, h, T, d_k)
+    merged = run("merge_heads", "merge_heads", heads)  # (B, T, d_model)
+    run("linear", "linear (out = merged Wo + bo)", merged, module.Wo, module.bo)
+    return rows
+
+
+def _inputs(module, seed: int) -> list[tuple[str, np.ndarray]]:
+    """Seeded inputs for a whole forward pass: ordinary, then large enough to overflow exp."""
+    x = np.random.default_rng(seed).normal(size=(2, 5, module.d_model)).astype(module.dtype)
+    return [("x (2, 5, d_model), unit normal", x),
+            ("x * 400 (scores far past exp's range)", x * 400)]
+
+
+def pipeline(fns: Mapping[str, Callable], module, causal: bool = True, seed: int = 0) -> Diagnosis:
+    """Feed each student step the reference's input for it; report the first step that differs.
+
+    `fns` maps step names (`split_heads`, `softmax`, ...) to the student's functions. Every
+    step gets the reference's input, so one wrong step cannot hide or cause another.
+    """
+    unknown = sorted(set(fns) - set(STEPS))
+    if unknown:
+        raise ValueError(f"unknown step(s) {unknown}; expected names from {sorted(STEPS)}")
+    passed: dict[str, list[tuple]] = {name: [] for name in fns}
+    for case, x in _inputs(module, seed):
+        for name, label, args, _ in trace_values(module, x, causal):
+            if name in fns:
+                verdict = _judge(name, label, fns[name], args, case, passed[name])
+                if verdict is not None:
+                    return verdict
+                passed[name].append(args)
+    return Diagnosis("pipeline", True, "every step you gave (" + ", ".join(sorted(fns)) +
+                     ") matches the reference on the module's own inputs")
+
+
+def _as_forward(student) -> Callable[[np.ndarray], Any]:
+    """Wrap an nn.Module so it takes numpy input in its own dtype; callables pass through."""
+    params = getattr(student, "parameters", None)
+    if params is None or not callable(params):
+        return student
+    import torch  # only when a torch module was passed
+
+    p = next(iter(student.parameters()))
+    return lambda x: student(torch.from_numpy(x).to(dtype=p.dtype, device=p.device))
+
+
+def forward(student, module, causal: bool = True, steps: Mapping[str, Callable] | None = None,
+            seed: int = 0) -> Diagnosis:
+    """Compare `student(x)` with `module(x, causal=causal)`; name the planted bug it matches.
+
+    `student` maps x (B, T, d_model) to (B, T, d_model): a function or a torch module (fed a
+    tensor of its own dtype). With `steps` (the student's step functions), a mismatch that
+    no planted bug explains is traced to the first step that differs.
+    """
+    run = _as_forward(student)
+    passed: list[tuple[np.ndarray, np.ndarray]] = []  # (x, reference output) where it was right
+    for case, x in _inputs(module, seed):
+        with np.errstate(all="ignore"):
+            ref = module(x, causal=causal)
+        out, problem = _call(run, (x,))
+        if problem:
+            return Diagnosis("forward", False, f"forward {problem} [case: {case}]")
+        if out.shape != ref.shape:
+            return Diagnosis("forward", False, f"forward should return shape {shape_of(ref)} "
+                             f"(B, T, d_model), got {shape_of(out)} [case: {case}]")
+        if _same(out, ref):
+            passed.append((x, ref))
+            continue
+        for bug in planted.CATALOGUE.values():
+            with planted.bug(bug.name), np.errstate(all="ignore"):
+                cand = module(x, causal=causal)
+                fits = not _same(ref, cand) and _same(out, cand) and all(
+                    _same(module(a, causal=causal), r) for a, r in passed)
+            if fits:
+                name, _, args, _ = next(r for r in trace_values(module, x, causal)
+                                        if r[0] == bug.step)
+                with np.errstate(all="ignore"):
+                    bad = np.asarray(bug.fn(*args))
+                    good = np.asarray(_REAL[name](*args))
+                why = _evidence(bug.name, bad, good, args)
+                return Diagnosis("forward", False, f"forward differs from the reference, and "
+                                 f"exactly like a module with a bug at step {bug.number} "
+                                 f"({bug.step}): {why} [case: {case}; matches planted bug "
+                                 f"'{bug.name}']", bug.number, bug.name)
+        where = f"forward differs from the reference [case: {case}]: {_where_differs(out, ref)}."
+        if steps:
+            found = pipeline(steps, module, causal, seed)
+            if not found.ok:
+                return Diagnosis("forward", False, f"forward differs from the reference; the "
+                                 f"first of your steps that differs: {found.message}",
+                                 found.step, found.bug)
+            return Diagnosis("forward", False, f"{where} Every step you passed ("
+                             f"{', '.join(sorted(steps))}) is right, so look at how forward "
+                             f"joins them, and at any step it computes inline.")
+        return Diagnosis("forward", False, f"{where} No single known mistake matches: check "
+                         f"each step with diagnose.check_step, or pass your step functions "
+                         f"(steps={{...}}) to find the first one that differs.")
+    return Diagnosis("forward", True, f"forward matches the reference module (causal={causal}) "
+                     f"on {len(_inputs(module, seed))} inputs, including x * 400")
+
+
+def check_forward(student, module, causal: bool = True,
+                  steps: Mapping[str, Callable] | None = None, seed: int = 0) -> str:
+    """`forward(...).check()`: the success line, or AssertionError saying what is wrong."""
+    return forward(student, module, causal, steps, seed).check()
