@@ -9,8 +9,11 @@ LAB_ARGS ?=
 # pytest-xdist workers; notebooks must stay whole per worker (--dist loadscope).
 JOBS   ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+COURSE    := notebooks/assignments
+# nbgrader's JupyterLab menus are for teachers: `make lab` hides them unless TEACHER=1.
+TEACHER ?= 0
 
-.PHONY: lab test lint unit notebooks demo bench clean help
+.PHONY: lab test lint unit notebooks demo bench assignments grade report nbgrader-ui clean help
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/"
@@ -18,6 +21,9 @@ help:
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
+	@echo "make assignments  build the students' versions of the graded assignments"
+	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs"
+	@echo "make report     feedback and CSVs again after hand-grading written answers"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -29,11 +35,21 @@ $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 
 $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.lab-installed
 	$(PIP) install -q --progress-bar off -r requirements-dev.txt
+	@$(MAKE) -s nbgrader-ui TEACHER=0
 	@touch $@
 
+# Show (TEACHER=1) or hide nbgrader's JupyterLab extension; a no-op where nbgrader is absent.
+nbgrader-ui:
+	@if [ -x $(BIN)/nbgrader ]; then \
+	  $(BIN)/jupyter labextension $(if $(filter 1,$(TEACHER)),enable,disable) \
+	    --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1; \
+	fi
+
 # Trusting our own notebooks lets JupyterLab render their widgets and HTML outputs.
-lab: $(VENV)/.lab-installed
+# TEACHER=1 also points nbgrader's formgrader at the course (its nbgrader_config.py).
+lab: $(VENV)/.lab-installed nbgrader-ui
 	@$(BIN)/jupyter trust $(NOTEBOOKS) >/dev/null
+	$(if $(filter 1,$(TEACHER)),JUPYTER_CONFIG_PATH=$(abspath $(COURSE)),) \
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
 	  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
@@ -43,7 +59,7 @@ lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests notebooks $(wildcard benchmarks)
 
 # Unit tests and every notebook in one pytest run, so one summary line covers all.
-unit: $(VENV)/.dev-installed
+unit: $(VENV)/.dev-installed nbgrader-ui
 	$(BIN)/python -m pytest tests $(NOTEBOOKS) \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
@@ -55,6 +71,17 @@ notebooks: $(VENV)/.dev-installed
 # CPU (and CUDA when present) timing sweep; writes CSV + plot under benchmarks/results/.
 bench: $(VENV)/.dev-installed
 	$(BIN)/python benchmarks/sdpa_backends.py $(BENCH_ARGS)
+
+# Graded assignments (nbgrader, headless): see notebooks/assignments/README.md.
+assignments: $(VENV)/.dev-installed
+	$(BIN)/python $(COURSE)/course.py release
+
+grade: $(VENV)/.dev-installed
+	$(BIN)/python $(COURSE)/course.py grade
+
+# After grading written answers by hand: feedback and CSVs again, without re-running the grader.
+report: $(VENV)/.dev-installed
+	$(BIN)/python $(COURSE)/course.py report
 
 demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha

@@ -114,6 +114,12 @@ def test_overview_runs_in_jupyterlab(browser, lab):
     assert mime_count(cells, "image/png") >= 1  # the pipeline diagram
     texts = " ".join(o.get("text", "") for c in cells for o in c["outputs"])
     assert "1,050,624" in texts and "bit-identical" in texts
+    # A student's JupyterLab shows no grading tools: nbgrader is installed (make test needs
+    # it) but its extension is disabled; the widgets extension is the positive control.
+    plugins = page.evaluate("""() => ({
+      nbgrader: window.jupyterapp.hasPlugin('@jupyter/nbgrader:menu'),
+      widgets: window.jupyterapp.hasPlugin('@jupyter-widgets/jupyterlab-manager:plugin')})""")
+    assert plugins == {"nbgrader": False, "widgets": True}, plugins
     ARTIFACTS.mkdir(exist_ok=True)
     page.screenshot(path=str(ARTIFACTS / "browser_00_overview.png"))
     page.close()

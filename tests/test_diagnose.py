@@ -222,3 +222,22 @@ def test_unknown_names_are_refused(module):
 def test_scores_ratio_is_measured_not_assumed():
     d = diagnose.step("scaled_scores", lambda q, k: steps.scaled_scores(q, k) * math.sqrt(3))
     assert d.bug is None  # 1.73x too large is not "forgot sqrt(d_k) = 4"
+
+
+@pytest.mark.parametrize("bug", ["mask_after_softmax", "softmax_wrong_axis", "merge_no_transpose"])
+def test_references_stay_right_while_a_bug_is_planted(bug):
+    for name in ("masked_softmax", "softmax", "merge_heads"):
+        with planted.bug(bug):
+            d = diagnose.step(name, ALTERNATIVES.get(name, _masked_softmax_own))
+        assert d.ok, f"with {bug} planted, a correct {name} was judged wrong: {d.message}"
+
+
+def _masked_softmax_own(scores, allowed):
+    return softmax_logsumexp(np.where(allowed, scores, -np.inf))
+
+
+def test_refusing_blocks_the_named_methods_and_restores_them(module):
+    with diagnose.refusing(TorchMHA, ("from_numpy",)):
+        with pytest.raises(AssertionError, match="called the reference's from_numpy"):
+            TorchMHA.from_numpy(module)
+    assert diagnose.forward(TorchMHA.from_numpy(module), module, causal=False).ok

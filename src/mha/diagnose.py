@@ -17,7 +17,8 @@ much, and names no cause: a wrong name would send a student the wrong way.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -46,6 +47,7 @@ class Diagnosis:
 
     def check(self) -> str:
         """Return the message if correct; raise AssertionError(message) if not."""
+        __tracebackhide__ = True  # IPython and pytest show the student's line, not ours
         if not self.ok:
             raise AssertionError(self.message)
         return self.message
@@ -218,9 +220,17 @@ def _cases(name: str, rng: np.random.Generator) -> list[Case]:
 
 
 _REAL = {name: getattr(ref_steps, name) for name in (
-    "linear", "split_heads", "scaled_scores", "causal_mask", "apply_mask", "masked_softmax",
-    "softmax", "weighted_sum", "merge_heads")}
+    "linear", "split_heads", "scaled_scores", "causal_mask", "apply_mask", "softmax",
+    "weighted_sum", "merge_heads")}
 """The real steps, saved at import: references stay right even while a bug is planted."""
+
+
+def _real_masked_softmax(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
+    """steps.masked_softmax through the saved steps (it looks its parts up at call time)."""
+    return _REAL["softmax"](_REAL["apply_mask"](scores, allowed))
+
+
+_REAL["masked_softmax"] = _real_masked_softmax
 
 STEPS: dict[str, int] = {
     "linear": 1, "split_heads": 2, "scaled_scores": 3, "causal_mask": 4, "apply_mask": 4,
@@ -326,10 +336,29 @@ def _judge(name: str, label: str, fn: Callable, args: tuple, case: str,
                      number)
 
 
-def step(name: str, fn: Callable, seed: int = 0) -> Diagnosis:
-    """Run a student's version of `mha.steps.<name>` on seeded cases and say what is wrong."""
+def _not_own(name: str, fn: Callable) -> Diagnosis | None:
+    """A Diagnosis if fn is the package's own code rather than the student's."""
+    module = getattr(fn, "__module__", "") or ""
+    if module == "mha" or module.startswith("mha."):
+        return Diagnosis(name, False, f"{name} is {module}.{getattr(fn, '__name__', name)} from "
+                         f"the package: write your own version (the reference is what it is "
+                         f"checked against)", STEPS[name])
+    return None
+
+
+def _check_name(name: str) -> None:
     if name not in STEPS:
         raise ValueError(f"unknown step {name!r}; expected one of {sorted(STEPS)}")
+
+
+def step(name: str, fn: Callable, seed: int = 0, own: bool = False) -> Diagnosis:
+    """Run a student's version of `mha.steps.<name>` on seeded cases and say what is wrong.
+
+    With `own=True`, the package's own function (or an alias of it) does not count.
+    """
+    _check_name(name)
+    if own and (mine := _not_own(name, fn)):
+        return mine
     cases = _cases(name, np.random.default_rng(seed))
     passed: list[tuple] = []
     for case, args in cases:
@@ -342,9 +371,60 @@ def step(name: str, fn: Callable, seed: int = 0) -> Diagnosis:
                      f"{len(cases)} case(s): " + "; ".join(names), STEPS[name], cases=names)
 
 
-def check_step(name: str, fn: Callable, seed: int = 0) -> str:
+def check_step(name: str, fn: Callable, seed: int = 0, own: bool = False) -> str:
     """`step(name, fn).check()`: the success line, or AssertionError saying what is wrong."""
-    return step(name, fn, seed).check()
+    __tracebackhide__ = True
+    return step(name, fn, seed, own).check()
+
+
+def compare(name: str, fn: Callable, *args) -> Diagnosis:
+    """Judge a student's step on arguments of your choice (e.g. other shapes) against mha.steps."""
+    _check_name(name)
+    case = ", ".join(f"{type(a).__name__} {shape_of(a)}" if hasattr(a, "shape") else repr(a)
+                     for a in args)
+    verdict = _judge(name, name, fn, args, case, [])
+    return verdict or Diagnosis(name, True, f"{name} (step {STEPS[name]}) matches the "
+                                f"reference on {case}", STEPS[name], cases=(case,))
+
+
+@contextmanager
+def reference_steps(namespace: dict, names=tuple(STEPS)) -> Iterator[list[str]]:
+    """Within the block, names in `namespace` that are steps are the reference steps.
+
+    Graders use it to judge a student's forward on its own: a mistake in an earlier part
+    (say split_heads) then costs points only in that part. Yields the names it replaced.
+    """
+    swapped = [n for n in names if n in namespace]
+    saved = {n: namespace[n] for n in swapped}
+    try:
+        namespace.update({n: _REAL[n] for n in swapped})
+        yield swapped
+    finally:
+        namespace.update(saved)
+
+
+@contextmanager
+def refusing(owner: Any, names: tuple[str, ...]) -> Iterator[None]:
+    """Within the block, calling `owner.<name>` raises AssertionError naming it.
+
+    Graders wrap a student's call in it, so a part that leans on the package's own solution
+    (say `MultiHeadAttention.from_numpy` in a weight-transfer exercise) fails with a reason.
+    """
+    saved = {n: vars(owner)[n] for n in names}
+
+    def refuse(name: str) -> Callable:
+        def refused(*args, **kwargs):
+            raise AssertionError(f"your code called the reference's {name}: write this part "
+                                 f"yourself (the reference is what it is compared with)")
+        return refused
+
+    try:
+        for n in names:
+            setattr(owner, n, refuse(n))
+        yield
+    finally:
+        for n, fn in saved.items():
+            setattr(owner, n, fn)
 
 
 # ---- the whole pipeline -----------------------------------------------------------------------
@@ -391,7 +471,7 @@ def pipeline(fns: Mapping[str, Callable], module, causal: bool = True, seed: int
     step gets the reference's input, so one wrong step cannot hide or cause another.
     """
     unknown = sorted(set(fns) - set(STEPS))
-    if unknown:
+    if unknown:  # one message for all of them
         raise ValueError(f"unknown step(s) {unknown}; expected names from {sorted(STEPS)}")
     passed: dict[str, list[tuple]] = {name: [] for name in fns}
     for case, x in _inputs(module, seed):
@@ -474,4 +554,5 @@ def forward(student, module, causal: bool = True, steps: Mapping[str, Callable] 
 def check_forward(student, module, causal: bool = True,
                   steps: Mapping[str, Callable] | None = None, seed: int = 0) -> str:
     """`forward(...).check()`: the success line, or AssertionError saying what is wrong."""
+    __tracebackhide__ = True
     return forward(student, module, causal, steps, seed).check()

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from . import steps
+from .numpy_mha import MultiHeadAttention
 from .validate import require_float, require_shape
 
 # Keep the real steps, so a swapped-in bug can still call them while the swap is active.
@@ -227,3 +228,46 @@ def forward_with(module, name: str, **kwargs) -> Callable[[np.ndarray], np.ndarr
             return module(x, **kwargs)
 
     return forward
+
+
+# Suspects: modules with a hidden bug, for "find the bug" exercises ---------------------------
+SUSPECT_FAMILIES: tuple[tuple[str, ...], ...] = (
+    ("split_no_transpose", "merge_no_transpose"),  # the causality check fails
+    ("mask_after_softmax", "softmax_wrong_axis"),  # rows no longer sum to 1
+    ("anti_causal_mask", "mask_without_diagonal", "mask_one_ahead"),  # the heatmap's shape
+    ("unscaled_scores", "scores_over_d_k", "softmax_no_max"),  # scale, saturation, overflow
+)
+"""One suspect's bug is drawn from each family, so every suspect needs a different tool."""
+
+
+class Suspect(MultiHeadAttention):
+    """A MultiHeadAttention whose every forward pass (and trace) runs with one planted bug."""
+
+    def __init__(self, label: str, bug_name: str, d_model: int = 16, n_heads: int = 4,
+                 seed: int = 0):
+        _swaps(bug_name)  # fail early on an unknown name
+        super().__init__(d_model, n_heads, seed=seed)
+        self.label = label
+        self._planted = bug_name
+
+    def __repr__(self) -> str:
+        return f"Suspect {self.label}: " + super().__repr__()
+
+    def _run(self, x, context, causal, mask, ledger) -> np.ndarray:
+        with bug(self._planted):
+            return super()._run(x, context, causal, mask, ledger)
+
+
+def suspect_bugs(seed: int) -> dict[str, str]:
+    """Which bug each suspect A-D carries: one per family, in a seeded order."""
+    rng = np.random.default_rng(seed)
+    picks = [family[int(rng.integers(len(family)))] for family in SUSPECT_FAMILIES]
+    order = rng.permutation(len(picks))
+    return {"ABCD"[i]: picks[int(j)] for i, j in enumerate(order)}
+
+
+def suspects(seed: int, d_model: int = 16, n_heads: int = 4) -> dict[str, Suspect]:
+    """Four modules A-D, each with the weights of MultiHeadAttention(d_model, n_heads, seed)
+    and one hidden planted bug (see `suspect_bugs`)."""
+    return {label: Suspect(label, name, d_model, n_heads, seed)
+            for label, name in suspect_bugs(seed).items()}

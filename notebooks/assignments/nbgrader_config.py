@@ -1,0 +1,22 @@
+"""nbgrader configuration for the Attention by Hand course (headless: no server needed).
+
+Run nbgrader from this folder (or through `make assignments` / `make grade`).
+"""
+
+import os
+
+c = get_config()  # noqa: F821 (nbgrader provides get_config)
+HERE = os.path.dirname(os.path.abspath(__file__))
+
+c.CourseDirectory.root = HERE
+c.CourseDirectory.course_id = "attention-by-hand"
+# The gradebook is a local sqlite file, never committed (it holds students' grades).
+c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
+
+# What a student sees in place of the solution.
+c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
+c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
+
+# A cell that runs longer than this is interrupted and scores 0; the rest still run.
+# The slowest honest cell (importing torch in A2) takes a few seconds on 2 CPU cores.
+c.Execute.timeout = 30

@@ -1,0 +1,290 @@
+"""The graded course, end to end with nbgrader: what a teacher relies on.
+
+For each assignment, in a private copy of the course: the source passes its own tests; the
+untouched release scores 0 without a grader error; a full submission gets every autograded
+point; a submission with one planted bug loses exactly the points of the part it breaks,
+keeps the rest, and its feedback names that bug; an edited locked test cell is restored
+and reported; a part that loops forever is cut off and the rest is still graded.
+"""
+
+from __future__ import annotations
+
+import ast
+import csv
+import re
+import shutil
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE = ROOT / "notebooks" / "assignments"
+sys.path.insert(0, str(COURSE))
+import course  # noqa: E402  (the course's own tooling: notebooks/assignments/course.py)
+
+
+@dataclass(frozen=True)
+class Planted:
+    """One wrong submission: `old` -> `new` in solution cell `cell`; it must lose `loses`."""
+
+    student: str
+    cell: str
+    old: str
+    new: str
+    loses: frozenset[str]
+    feedback: str  # the feedback HTML must contain this (it names the bug)
+
+
+def planted(student, cell, old, new, loses, feedback) -> Planted:
+    return Planted(student, cell, old, new, frozenset([loses] if isinstance(loses, str) else loses),
+                   feedback)
+
+
+PLANTED: dict[str, list[Planted]] = {
+    "A1_seven_steps": [
+        planted("split-no-transpose", "a1-split",
+                "x = x.reshape(B, T, n_heads, d_k)  # (B, T, h, d_k)\n    return x.transpose(0, 2, 1, 3)",
+                "return x.reshape(B, n_heads, T, d_k)", "a1-split-tests", "split_no_transpose"),
+        planted("merge-no-transpose", "a1-merge", "x = x.transpose(0, 2, 1, 3)  # (B, T, h, d_k)",
+                "", "a1-merge-tests", "merge_no_transpose"),
+        planted("unscaled", "a1-scores", " / math.sqrt(d_k)", "", "a1-scores-tests",
+                "unscaled_scores"),
+        planted("anti-causal", "a1-mask", "np.tril(", "np.triu(", "a1-mask-tests",
+                "anti_causal_mask"),
+        planted("mask-off-by-one", "a1-mask", "dtype=bool))", "dtype=bool), k=-1)",
+                "a1-mask-tests", "mask_without_diagonal"),
+        planted("softmax-no-max", "a1-softmax", "np.exp(scores - row_max)", "np.exp(scores)",
+                "a1-softmax-tests", "softmax_no_max"),
+        planted("softmax-wrong-axis", "a1-softmax", "axis=-1", "axis=-2", "a1-softmax-tests",
+                "softmax_wrong_axis"),
+        planted("softmax-nan-row", "a1-softmax",
+                "return np.divide(e, total, out=np.zeros_like(e), where=total > 0)",
+                "return e / total", "a1-softmax-tests", "zeros, not NaN"),
+        planted("forward-w-transposed", "a1-forward", "module.W", "module.W", "a1-forward-tests",
+                "weights_transposed"),  # `new` is applied by _edit below: every W becomes W.T
+        planted("forward-mask-after-softmax", "a1-forward",
+                "scores = np.where(causal_mask(x.shape[1]), scores, -np.inf)",
+                "pass\n    weights = softmax(scores)\n    if causal:\n"
+                "        weights = np.where(causal_mask(x.shape[1]), weights, 0.0)",
+                "a1-forward-tests", "mask_after_softmax"),
+        planted("rows-nan-pass", "a1-rows", "bool(np.all(np.abs(sums - 1.0) <= atol))",
+                "not np.any(np.abs(sums - 1.0) > atol)", "a1-rows-tests", "row of NaN"),
+        planted("causal-no-control", "a1-causal",
+                "return not np.array_equal(out[:, t], forward_fn(present)[:, t])", "return True",
+                "a1-causal-tests", "control case"),
+    ],
+    "A2_pytorch_port": [
+        planted("load-no-transpose", "a2-load", "torch.from_numpy(W.T)", "torch.from_numpy(W)",
+                "a2-load-tests", "matches planted bug 'weights_transposed'"),
+        planted("split-view-no-transpose", "a2-sdpa", "proj.view(B, T, h, d_k).transpose(1, 2)",
+                "proj.view(B, h, T, d_k)", "a2-sdpa-tests",
+                "matches planted bug 'split_no_transpose'"),
+        planted("mask-unflipped", "a2-mask", "return ~allowed", "return allowed",
+                "a2-mask-tests", "flip it (~allowed); you returned the mask unchanged"),
+    ],
+    "A3_find_the_bug": [
+        planted("wrong-name-b", "a3-bug-b", 'bug_B = "scores_over_d_k"', 'bug_B = "softmax_no_max"',
+                "a3-bug-b-tests",
+                "suspect B does not carry 'softmax_no_max'; it carries 'scores_over_d_k'"),
+        planted("fix-a-no-transpose", "a3-fix-a", "x = x.transpose(0, 2, 1, 3)", "x = x",
+                "a3-fix-a-tests", "matches planted bug 'merge_no_transpose'"),
+        planted("fix-d-triu", "a3-fix-d", "np.tril(", "np.triu(", "a3-fix-d-tests",
+                "matches planted bug 'anti_causal_mask'"),
+        planted("fix-b-calls-package", "a3-fix-b", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
+                "return steps.scaled_scores(q, k)", "a3-fix-b-tests",
+                "instead of doing the step itself"),
+    ],
+}
+
+LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
+    "A1_seven_steps": ("a1-params", "return 4 * d_model", "while True:\n        pass",
+                       "a1-params-tests"),
+}
+TAMPER = {  # break a solution and "fix" its locked test: the test is restored and reported
+    "A1_seven_steps": ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests"),
+    "A2_pytorch_port": ("a2-mask", "return ~allowed", "return allowed", "a2-mask-tests"),
+    "A3_find_the_bug": ("a3-fix-d", "np.tril(", "np.triu(", "a3-fix-d-tests"),
+}
+
+
+def _edit(src: str, p: Planted) -> str:
+    if p.student == "forward-w-transposed":
+        return re.sub(r"module\.(W[qkvo])", r"module.\1.T", src)
+    assert p.old in src, f"planted edit {p.student}: {p.old!r} not in cell {p.cell}"
+    return src.replace(p.old, p.new)
+
+
+def _course(*args: str, root: Path) -> subprocess.CompletedProcess:
+    proc = subprocess.run([sys.executable, str(root / "course.py"), *args], cwd=root,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, f"course.py {args} failed:\n{proc.stdout}\n{proc.stderr}"
+    return proc
+
+
+class Graded:
+    """Everything about one graded run of one assignment, made once per class."""
+
+    def __init__(self, name: str, root: Path):
+        self.name, self.root = name, root
+        self.source = nbformat.read(root / "source" / name / f"{name}.ipynb", as_version=4)
+        _course("release", name, root=root)
+        self.release = nbformat.read(root / "release" / name / f"{name}.ipynb", as_version=4)
+        full = course.model_submission(name, root)
+        course.submit(name, "untouched", self.release, root=root)
+        course.submit(name, "full", full, root=root)
+        for p in PLANTED[name]:
+            nb = nbformat.from_dict(full)
+            cell = course.graded_cells(nb)[p.cell]
+            cell.source = _edit(cell.source, p)
+            course.submit(name, p.student, nb, root=root)
+        if name in LOOPS:
+            gid, old, new, _ = LOOPS[name]
+            nb = nbformat.from_dict(full)
+            cell = course.graded_cells(nb)[gid]
+            assert old in cell.source
+            cell.source = cell.source.replace(old, new + "\n    " + old)
+            course.submit(name, "loops", nb, root=root)
+        if name in TAMPER:
+            gid, old, new, test = TAMPER[name]
+            nb = nbformat.from_dict(full)
+            cells = course.graded_cells(nb)
+            cells[gid].source = cells[gid].source.replace(old, new)
+            cells[test].source = "print('all good')  # the tests were here"
+            course.submit(name, "tampered", nb, root=root)
+        self.proc = _course("grade", name, root=root)
+        self.scores: dict[str, dict[str, tuple[float, float, bool]]] = {}
+        with open(root / "reports" / "grades_by_part.csv") as f:
+            for row in csv.DictReader(f):
+                self.scores.setdefault(row["student"], {})[row["part"]] = (
+                    float(row["score"]), float(row["max_score"]),
+                    row["needs_manual_grade"] == "True")
+        self.summary = (root / "reports" / "summary.md").read_text()
+
+    def auto_parts(self) -> dict[str, float]:
+        """Autograded parts -> max points, from the full submission's row."""
+        return {p: m for p, (_, m, manual) in self.scores["full"].items() if not manual}
+
+    def lost(self, student: str) -> set[str]:
+        """Autograded parts where `student` scored less than the full submission."""
+        full = self.scores["full"]
+        return {p for p, (s, _, manual) in self.scores[student].items()
+                if not manual and s < full[p][0]}
+
+    def feedback(self, student: str) -> str:
+        return "\n".join(p.read_text() for p in
+                         (self.root / "feedback" / student / self.name).glob("*.html"))
+
+
+def _private_course(tmp: Path, name: str) -> Path:
+    root = tmp / "course"
+    (root / "source").mkdir(parents=True)
+    for f in ("nbgrader_config.py", "course.py"):
+        shutil.copy(COURSE / f, root / f)
+    shutil.copytree(COURSE / "source" / name, root / "source" / name)
+    return root
+
+
+class AssignmentContract:
+    """One contract, one subclass per assignment (xdist runs the classes in parallel)."""
+
+    name = ""
+
+    @pytest.fixture(scope="class")
+    @classmethod
+    def graded(cls, tmp_path_factory) -> Graded:
+        root = _private_course(tmp_path_factory.mktemp(cls.name), cls.name)
+        return Graded(cls.name, root)
+
+    def test_source_passes_its_own_tests(self, graded):
+        proc = subprocess.run([sys.executable, "-m", "nbgrader", "validate",
+                               str(graded.root / "source" / self.name / f"{self.name}.ipynb")],
+                              cwd=graded.root, capture_output=True, text=True, timeout=300)
+        assert "Success! Your notebook passes all the tests." in proc.stdout, proc.stdout[-3000:]
+        assert "cannot be converted to" not in proc.stdout + proc.stderr  # no partial-credit output
+
+    def test_release_hides_solutions_and_hidden_tests(self, graded):
+        text = nbformat.writes(graded.release)
+        for marker in ("BEGIN SOLUTION", "END SOLUTION", "BEGIN HIDDEN TESTS", "nbgrader import"):
+            assert marker not in text, f"the release still contains {marker!r}"
+        assert "raise NotImplementedError()" in text and "YOUR ANSWER HERE" in text
+
+    def test_untouched_release_scores_zero_without_grader_errors(self, graded):
+        parts = graded.scores["untouched"]
+        assert set(parts) == set(graded.scores["full"]), "every part must be graded"
+        assert all(score == 0 for score, _, _ in parts.values()), parts
+        assert "| untouched |" in graded.summary
+
+    def test_full_submission_gets_every_autograded_point(self, graded):
+        for part, (score, max_score, manual) in graded.scores["full"].items():
+            if manual:
+                assert score == 0, f"{part} is a written answer: graded by hand, not by the grader"
+            else:
+                assert score == max_score, f"the model solution lost points in {part}"
+        assert any(manual for *_, manual in graded.scores["full"].values()), \
+            "each assignment has written answers for the teacher"
+
+    def test_each_planted_bug_loses_exactly_its_part_and_feedback_names_it(self, graded):
+        assert PLANTED[self.name], "each assignment needs planted-bug submissions"
+        for p in PLANTED[self.name]:
+            assert graded.lost(p.student) == set(p.loses), \
+                f"{p.student}: lost {sorted(graded.lost(p.student))}, expected {sorted(p.loses)}"
+            assert p.feedback in graded.feedback(p.student), \
+                f"{p.student}: feedback does not mention {p.feedback!r}"
+
+    def test_an_edited_locked_cell_is_restored_and_reported(self, graded):
+        if self.name not in TAMPER:
+            pytest.fail(f"no tampering case for {self.name}")
+        gid, _, _, test = TAMPER[self.name]
+        assert graded.lost("tampered") == {test}, "the restored test must still catch the bug"
+        row = next(line for line in graded.summary.splitlines() if line.startswith("| tampered |"))
+        assert test in row.split("|")[-2], f"summary must list the edited cell {test}: {row}"
+        assert all(line.split("|")[-2].strip() == "-" for line in graded.summary.splitlines()
+                   if line.startswith("| full |")), "an honest submission is never reported"
+
+    def test_points_in_the_intro_match_the_grader(self, graded):
+        intro = graded.source.cells[0].source
+        stated = sum(int(n) for line in intro.splitlines()
+                     if line.startswith("|") and re.search(r"\| *[\d +]+ *\|$", line)
+                     for n in re.findall(r"\d+", line.rsplit("|", 2)[1]))
+        actual = sum(m for _, m, _ in graded.scores["full"].values())
+        assert stated == actual, f"the intro table states {stated} points, the grader has {actual}"
+
+    def test_test_cells_do_not_end_in_an_expression(self, graded):
+        for gid, cell in course.graded_cells(graded.source).items():
+            meta = cell.metadata["nbgrader"]
+            if cell.cell_type == "code" and meta.get("grade") and not meta.get("solution"):
+                last = ast.parse(cell.source).body[-1]
+                func = last.value.func if isinstance(last, ast.Expr) and \
+                    isinstance(last.value, ast.Call) else None
+                callee = getattr(func, "attr", getattr(func, "id", ""))
+                returns_none = callee == "print" or callee.startswith("assert")
+                assert returns_none or not isinstance(last, ast.Expr), \
+                    f"{gid} ends in an expression: nbgrader would read its value as partial credit"
+
+
+class TestA1(AssignmentContract):
+    name = "A1_seven_steps"
+
+    def test_a_part_that_loops_forever_is_cut_off_and_the_rest_graded(self, graded):
+        *_, test = LOOPS[self.name]
+        assert graded.lost("loops") == {test}
+        assert "CellTimeoutError" in graded.feedback("loops") or \
+            "KeyboardInterrupt" in graded.feedback("loops")
+
+
+class TestA2(AssignmentContract):
+    name = "A2_pytorch_port"
+
+
+class TestA3(AssignmentContract):
+    name = "A3_find_the_bug"
+
+
+def test_every_assignment_has_a_contract():
+    names = sorted(p.name for p in (COURSE / "source").iterdir() if p.is_dir())
+    covered = sorted(c.name for c in AssignmentContract.__subclasses__())
+    assert names == covered, f"add a TestXX(AssignmentContract) class for {set(names) - set(covered)}"
