@@ -136,6 +136,10 @@ def submit(name: str, student: str, nb, root: Path = ROOT) -> Path:
 def grade(names: list[str], root: Path = ROOT) -> list[Part]:
     """Autograde every submission of `names`, then write feedback, CSVs and the summary."""
     todo = [n for n in names if students_with(n, root)]
+    if not todo:
+        print(f"nothing to grade: put each submission at {root / 'submitted'}/STUDENT/"
+              f"ASSIGNMENT/ASSIGNMENT.ipynb (assignments: {', '.join(names)})")
+        return []
     started = time.perf_counter()
     for name in tqdm(todo, desc="autograde", unit="assignment"):
         if not (root / "release" / name).exists():
