@@ -48,29 +48,33 @@ PLANTED: dict[str, list[Planted]] = {
     "A1_seven_steps": [
         planted("split-no-transpose", "a1-split",
                 "x = x.reshape(B, T, n_heads, d_k)  # (B, T, h, d_k)\n    return x.transpose(0, 2, 1, 3)",
-                "return x.reshape(B, n_heads, T, d_k)", "a1-split-tests", "split_no_transpose"),
+                "return x.reshape(B, n_heads, T, d_k)", "a1-split-tests", "matches planted bug 'split_no_transpose'"),
         planted("merge-no-transpose", "a1-merge", "x = x.transpose(0, 2, 1, 3)  # (B, T, h, d_k)",
-                "", "a1-merge-tests", "merge_no_transpose"),
+                "", "a1-merge-tests", "matches planted bug 'merge_no_transpose'"),
         planted("unscaled", "a1-scores", " / math.sqrt(d_k)", "", "a1-scores-tests",
-                "unscaled_scores"),
+                "matches planted bug 'unscaled_scores'"),
         planted("anti-causal", "a1-mask", "np.tril(", "np.triu(", "a1-mask-tests",
-                "anti_causal_mask"),
+                "matches planted bug 'anti_causal_mask'"),
         planted("mask-off-by-one", "a1-mask", "dtype=bool))", "dtype=bool), k=-1)",
-                "a1-mask-tests", "mask_without_diagonal"),
+                "a1-mask-tests", "matches planted bug 'mask_without_diagonal'"),
         planted("softmax-no-max", "a1-softmax", "np.exp(scores - row_max)", "np.exp(scores)",
-                "a1-softmax-tests", "softmax_no_max"),
+                "a1-softmax-tests", "matches planted bug 'softmax_no_max'"),
         planted("softmax-wrong-axis", "a1-softmax", "axis=-1", "axis=-2", "a1-softmax-tests",
-                "softmax_wrong_axis"),
+                "matches planted bug 'softmax_wrong_axis'"),
         planted("softmax-nan-row", "a1-softmax",
                 "return np.divide(e, total, out=np.zeros_like(e), where=total > 0)",
-                "return e / total", "a1-softmax-tests", "zeros, not NaN"),
+                "return e / total", "a1-softmax-tests", "must come out as zeros, not NaN"),
         planted("forward-w-transposed", "a1-forward", "module.W", "module.W", "a1-forward-tests",
-                "weights_transposed"),  # `new` is applied by _edit below: every W becomes W.T
+                "matches planted bug 'weights_transposed'"),  # `new` is applied by _edit below: every W becomes W.T
         planted("forward-mask-after-softmax", "a1-forward",
-                "scores = np.where(causal_mask(x.shape[1]), scores, -np.inf)",
-                "pass\n    weights = softmax(scores)\n    if causal:\n"
+                "    if causal:\n        scores = np.where(causal_mask(x.shape[1]), scores, -np.inf)"
+                "  # 4) future -> -inf\n    weights = softmax(scores)  # 5) (B, h, T, T)",
+                "    weights = softmax(scores)\n    if causal:\n"
                 "        weights = np.where(causal_mask(x.shape[1]), weights, 0.0)",
-                "a1-forward-tests", "mask_after_softmax"),
+                "a1-forward-tests", "matches planted bug 'mask_after_softmax'"),
+        planted("forward-no-mask", "a1-forward", "    if causal:\n        scores = np.where(",
+                "    if False:\n        scores = np.where(", "a1-forward-tests",
+                "ignores causal=True"),
         planted("rows-nan-pass", "a1-rows", "bool(np.all(np.abs(sums - 1.0) <= atol))",
                 "not np.any(np.abs(sums - 1.0) > atol)", "a1-rows-tests", "row of NaN"),
         planted("causal-no-control", "a1-causal",
@@ -175,8 +179,19 @@ class Graded:
                 if not manual and s < full[p][0]}
 
     def feedback(self, student: str) -> str:
-        return "\n".join(p.read_text() for p in
-                         (self.root / "feedback" / student / self.name).glob("*.html"))
+        """The error lines the student's feedback shows ("Name: message"), one per line.
+
+        Read from the autograded notebook the feedback HTML is rendered from: the HTML also
+        holds the tests' source, which may mention any bug's name.
+        """
+        html = list((self.root / "feedback" / student / self.name).glob("*.html"))
+        assert html, f"no feedback HTML for {student}"
+        lines = []
+        for path in (self.root / "autograded" / student / self.name).glob("*.ipynb"):
+            for cell in nbformat.read(path, as_version=4).cells:
+                lines += [f"{o['ename']}: {o['evalue']}" for o in cell.get("outputs", [])
+                          if o.get("output_type") == "error"]
+        return "\n".join(lines)
 
 
 def _private_course(tmp: Path, name: str) -> Path:

@@ -241,3 +241,10 @@ def test_refusing_blocks_the_named_methods_and_restores_them(module):
         with pytest.raises(AssertionError, match="called the reference's from_numpy"):
             TorchMHA.from_numpy(module)
     assert diagnose.forward(TorchMHA.from_numpy(module), module, causal=False).ok
+
+
+def test_a_forward_that_ignores_the_causal_flag_is_told_so(module):
+    d = diagnose.forward(lambda x: module(x, causal=False), module, causal=True)
+    assert not d.ok and d.step == 4 and "ignores causal=True" in d.message, d.message
+    d = diagnose.forward(lambda x: module(x, causal=True), module, causal=False)
+    assert not d.ok and "masks although causal=False" in d.message, d.message

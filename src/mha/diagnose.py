@@ -534,6 +534,13 @@ def forward(student, module, causal: bool = True, steps: Mapping[str, Callable] 
                                  f"exactly like a module with a bug at step {bug.number} "
                                  f"({bug.step}): {why} [case: {case}; matches planted bug "
                                  f"'{bug.name}']", bug.number, bug.name)
+        with np.errstate(all="ignore"):
+            other = module(x, causal=not causal)
+        if _same(out, other):
+            said = "ignores causal=True: it gives the unmasked output. Apply the causal mask " \
+                "(-inf above the diagonal) to the scores before softmax" if causal else \
+                "masks although causal=False: apply the causal mask only when asked"
+            return Diagnosis("forward", False, f"forward {said} [case: {case}]", 4)
         where = f"forward differs from the reference [case: {case}]: {_where_differs(out, ref)}."
         if steps:
             found = pipeline(steps, module, causal, seed)
