@@ -85,3 +85,47 @@ def test_check_param_count_passes_and_catches_an_extra_parameter():
     checks.check_param_count(MultiHeadAttention(8, 2))
     with pytest.raises(AssertionError, match="expected 4\\*8\\^2 \\+ 4\\*8 = 288 parameters, got 292"):
         checks.check_param_count(_ExtraBias())
+
+
+# The score scale, by name ---------------------------------------------------------------------
+@pytest.mark.parametrize("d_k", [1, 4, 16, 64, 256])
+def test_check_score_scale_passes_the_real_scores_at_any_width(d_k):
+    for seed in range(5):
+        assert "~ 1" in checks.check_score_scale(steps.scaled_scores, d_k=d_k, seed=seed)
+
+
+@pytest.mark.parametrize("bug, says", [(planted.scores_unscaled, "not divided by sqrt"),
+                                       (planted.scores_over_d_k, "divided by d_k, not sqrt")])
+def test_check_score_scale_names_the_missing_or_wrong_scale(bug, says):
+    with pytest.raises(AssertionError, match=says):
+        checks.check_score_scale(bug, d_k=64)
+
+
+def test_check_score_scale_does_not_guess_when_the_variance_fits_neither():
+    with pytest.raises(AssertionError, match="expected about 1"):
+        checks.check_score_scale(lambda q, k: 3.0 * steps.scaled_scores(q, k), d_k=64)
+
+
+# Messages a student reads --------------------------------------------------------------------
+def test_check_causal_names_both_candidates_when_it_cannot_tell(setup):
+    mha, x = setup
+    for bug in ("mask_after_softmax", "merge_no_transpose"):
+        with pytest.raises(AssertionError) as e:
+            checks.check_causal(planted.forward_with(mha, bug, causal=True), x, t=2)
+        assert "applied after softmax" in str(e.value) and "without its transpose" in str(e.value)
+
+
+def test_messages_print_plain_numbers():
+    with pytest.raises(AssertionError) as e:
+        checks.check_rows_sum_to_one(np.full((2, 3), 0.3))
+    assert "np.float64" not in str(e.value) and "sums to 0.9" in str(e.value)
+    with pytest.raises(AssertionError) as e:
+        checks.check_answer("zeros", np.int64(14), 15, "count the weights above the diagonal")
+    assert str(e.value) == "zeros: not yet. You have 14; count the weights above the diagonal"
+
+
+def test_check_answer_accepts_right_answers_within_atol():
+    assert checks.check_answer("entropy", 0.6931, np.log(2), "why", atol=1e-3) == "entropy: right"
+    assert checks.check_answer("mask", np.eye(2, dtype=bool), np.eye(2, dtype=bool), "w")
+    with pytest.raises(AssertionError, match="shape"):
+        checks.check_answer("mask", np.ones((3, 3, 3)), np.ones((2, 2)), "w")

@@ -51,9 +51,66 @@ def check_rows_sum_to_one(weights, atol: float = 1e-6) -> str:
     if not err <= atol:
         worst = tuple(int(i) for i in np.unravel_index(np.argmax(dev), sums.shape))
         raise AssertionError(
-            f"attention rows must sum to 1 (atol={atol}); row {worst} sums to {sums[worst]!r}"
+            f"attention rows must sum to 1 (atol={atol}); row {worst} sums to "
+            f"{float(sums[worst]):.6g}"
         )
     return f"rows sum to one: all {sums.size} rows within {atol:g} of 1"
+
+
+def score_variance(score_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], d_k: int,
+                   seed: int = 0) -> float:
+    """Variance of score_fn(q, k) for unit-variance q, k of width d_k (262,144 scores)."""
+    rng = np.random.default_rng(seed)
+    # Many short sequences rather than one long one: 8,192 independent q and k rows, so the
+    # estimate is good even at d_k = 1, where each score is a product of two numbers.
+    q = rng.normal(size=(1, 256, 32, d_k))  # (B, h, T, d_k)
+    k = rng.normal(size=(1, 256, 32, d_k))  # (B, h, S, d_k)
+    return float(np.var(score_fn(q, k)))  # over (B, h, T, S) = 256 * 32 * 32 scores
+
+
+def check_score_scale(score_fn: Callable[[np.ndarray, np.ndarray], np.ndarray], d_k: int = 64,
+                      tol: float = 0.1, seed: int = 0) -> str:
+    """Assert scaled scores of unit-variance q, k have variance ~1 (q.k alone has variance d_k).
+
+    The estimate is within a few percent of the truth for any d_k, so tol=0.1 does not
+    fail a correct function, and it names the two usual mistakes by the variance they give.
+    """
+    v = score_variance(score_fn, d_k, seed)
+    if abs(v - 1.0) <= tol:
+        return f"score scale: variance {v:.3f} ~ 1 for unit-variance q, k (d_k={d_k})"
+    if abs(v / d_k - 1.0) <= tol:
+        why = f"that is d_k = {d_k}: the scores are not divided by sqrt(d_k)"
+    elif abs(v * d_k - 1.0) <= tol:
+        why = f"that is 1/d_k = 1/{d_k}: the scores are divided by d_k, not sqrt(d_k)"
+    else:
+        why = "expected about 1; check the scale factor 1/sqrt(d_k)"
+    raise AssertionError(f"score scale: variance {v:.3g} for unit-variance q, k (d_k={d_k}); "
+                         f"{why}")
+
+
+def check_answer(name: str, got, expected, why: str, atol: float = 0.0) -> str:
+    """A self-check for an exercise: say right, or what was expected and the likely cause.
+
+    `expected` is computed by the notebook from the package, not typed in; `why` is the
+    hint shown when the answer is wrong.
+    """
+    g, e = np.asarray(got), np.asarray(expected)
+    right = g.shape == e.shape and bool(np.allclose(g, e, rtol=0.0, atol=atol)
+                                        if np.issubdtype(e.dtype, np.number) and e.dtype != bool
+                                        else np.array_equal(g, e))
+    if not right:
+        shown = got if g.size <= 8 else f"an array of shape {g.shape}"
+        raise AssertionError(f"{name}: not yet. You have {_plain(shown)}; {why}")
+    return f"{name}: right"
+
+
+def _plain(value) -> str:
+    """A value as a student would write it: 3 or 0.25, not np.int64(3) or np.float64(0.25)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, np.ndarray):
+        return np.array2string(value, precision=4, suppress_small=True)
+    return repr(value) if isinstance(value, str) else str(value)
 
 
 def check_causal(
@@ -80,7 +137,11 @@ def check_causal(
         diff = float(np.abs(out[:, : t + 1] - out_future[:, : t + 1]).max())
         raise AssertionError(
             f"causality broken: changing inputs after t={t} moved outputs at <= t "
-            f"(max change {diff:.3g}); is the mask applied before softmax?"
+            f"(max change {diff:.3g}). The outputs alone cannot say why; the usual causes are "
+            f"(a) the mask: missing, the wrong triangle, off by one, or applied after softmax, "
+            f"and (b) a split or merge reshape without its transpose, which mixes tokens. "
+            f"check_rows_sum_to_one on the weights separates them: a mask applied after "
+            f"softmax breaks the row sums, a bad reshape does not"
         )
 
     present = x.copy()

@@ -87,8 +87,12 @@ def apply_mask(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
         raise ValueError(
             f"allowed {shape_of(allowed)} must broadcast to scores {shape_of(scores)}"
         ) from None
-    # -inf (not a large negative number): exp(-inf) is exactly 0.0, so masked keys add
-    # exact zeros later, and outputs before t stay bit-identical when inputs after t change.
+    # Masked keys must get weight exactly 0.0, so outputs before t stay bit-identical when
+    # inputs after t change. In a row with an allowed key, -1e9 or finfo.min would do that too
+    # (exp underflows to exactly 0 in float32/64). -inf is chosen for the edge cases: a fully
+    # masked row stays recognisable (softmax returns zeros, where a finite fill would spread
+    # the weight uniformly over keys that were all forbidden), and no finite fill can
+    # overflow in float16 (-1e9 is -inf there anyway; finfo.min - max overflows).
     return np.where(allowed, scores, np.array(-np.inf, dtype=scores.dtype))  # (B, h, T, S)
 
 
