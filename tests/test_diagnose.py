@@ -248,3 +248,18 @@ def test_a_forward_that_ignores_the_causal_flag_is_told_so(module):
     assert not d.ok and d.step == 4 and "ignores causal=True" in d.message, d.message
     d = diagnose.forward(lambda x: module(x, causal=True), module, causal=False)
     assert not d.ok and "masks although causal=False" in d.message, d.message
+
+
+def test_check_by_hand_names_the_first_tensor_that_differs(module):
+    x = np.random.default_rng(5).normal(size=(2, 5, 16))
+    rows = {label: out for _, label, _, out in diagnose.trace_values(module, x, causal=True)}
+    yours = {"q": rows["split_heads (q)"], "scores": rows["apply_mask"], "weights": rows["softmax"],
+             "heads": rows["weighted_sum"], "merged": rows["merge_heads"],
+             "out": rows["linear (out = merged Wo + bo)"]}
+    assert diagnose.check_by_hand(yours, module, x).startswith("by hand == module")
+    bad = dict(yours, weights=planted.softmax_wrong_axis(rows["apply_mask"]),
+               merged=planted.merge_no_transpose(rows["weighted_sum"]))
+    with pytest.raises(AssertionError, match=r"weights \(step 5\) is the first tensor"):
+        diagnose.check_by_hand(bad, module, x)
+    with pytest.raises(AssertionError, match=r"q \(step 1-2\) should have shape"):
+        diagnose.check_by_hand({"q": rows["split_heads (q)"][0]}, module, x)

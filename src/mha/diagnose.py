@@ -457,6 +457,41 @@ def trace_values(module, x: np.ndarray, causal: bool = True) -> list[tuple[str, 
     return rows
 
 
+_BY_HAND = (  # (name in a by-hand pipeline, trace label it must equal, pipeline steps behind it)
+    ("q", "split_heads (q)", "1-2"), ("k", "split_heads (k)", "1-2"),
+    ("v", "split_heads (v)", "1-2"), ("scores", "apply_mask", "3-4"),
+    ("weights", "softmax", "5"), ("heads", "weighted_sum", "6"),
+    ("merged", "merge_heads", "7"), ("out", "linear (out = merged Wo + bo)", "7"),
+)
+
+
+def check_by_hand(yours: Mapping[str, np.ndarray], module, x: np.ndarray,
+                  causal: bool = True) -> str:
+    """Compare a by-hand pipeline's tensors with the module's, in order; name the first that differs.
+
+    `yours` maps names from q, k, v (split into heads), scores (masked), weights, heads,
+    merged, out to your arrays; names you leave out are skipped.
+    """
+    __tracebackhide__ = True
+    ref = {label: out for _, label, _, out in trace_values(module, x, causal)}
+    if not causal:
+        ref["apply_mask"] = ref["scaled_scores"]
+    checked = []
+    for name, label, number in _BY_HAND:
+        if name not in yours:
+            continue
+        got, want = np.asarray(yours[name]), ref[label]
+        if got.shape != want.shape:
+            raise AssertionError(f"{name} (step {number}) should have shape {shape_of(want)}, "
+                                 f"got {shape_of(got)}: the first tensor that differs")
+        if not _same(got, want):
+            raise AssertionError(f"{name} (step {number}) is the first tensor that differs from "
+                                 f"the module's: {_where_differs(got, want)}. Steps before it "
+                                 f"are right; look at step {number}.")
+        checked.append(name)
+    return f"by hand == module at every step ({', '.join(checked)})"
+
+
 def _inputs(module, seed: int) -> list[tuple[str, np.ndarray]]:
     """Seeded inputs for a whole forward pass: ordinary, then large enough to overflow exp."""
     x = np.random.default_rng(seed).normal(size=(2, 5, module.d_model)).astype(module.dtype)
