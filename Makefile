@@ -16,7 +16,7 @@ TEACHER ?= 0
 .PHONY: lab test lint unit notebooks demo bench assignments grade report nbgrader-ui clean help
 
 help:
-	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/"
+	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
 	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook"
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
@@ -28,8 +28,15 @@ help:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
+# CPU=1: install torch's CPU-only wheel first (a few hundred MB) so the pinned torch in
+# requirements.txt is already satisfied and PyPI's CUDA build (several GB) is never fetched.
+CPU ?= 0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
+
 # Stamps: reinstall only when the requirement files or pyproject change.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
+	$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
 	$(PIP) install -q --progress-bar off -r requirements.txt
 	@touch $@
 

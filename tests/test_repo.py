@@ -26,3 +26,27 @@ def test_make_lab_serves_the_notebooks():
         assert {f"{stem}.ipynb" for stem in NOTEBOOKS} <= served
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={TOKEN}", timeout=10) as r:
             assert r.status == 200 and b"JupyterLab" in r.read()
+
+
+def _dry_run(*args: str) -> str:
+    import subprocess
+    return subprocess.run(["make", "-n", "-B", ".venv/.lab-installed", *args], cwd=ROOT,
+                          capture_output=True, text=True, check=True).stdout
+
+
+def test_cpu_option_installs_the_cpu_wheel_before_the_requirements():
+    lines = _dry_run("CPU=1").splitlines()
+    pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
+            if line.startswith("torch==")]
+    first = next(i for i, line in enumerate(lines) if "--index-url" in line)
+    assert "https://download.pytorch.org/whl/cpu" in lines[first] and pins[0] in lines[first]
+    assert first < next(i for i, line in enumerate(lines) if "-r requirements.txt" in line)
+    assert not any("--index-url" in line for line in _dry_run().splitlines()), \
+        "without CPU=1, make must install exactly requirements.txt"
+
+
+def test_requirements_point_at_a_readme_heading_that_exists():
+    note = (ROOT / "requirements.txt").read_text()
+    readme = (ROOT / "README.md").read_text()
+    heading = note.split('README, "', 1)[1].split('"', 1)[0]
+    assert f"## {heading}" in readme, f"requirements.txt points at a missing heading {heading!r}"
