@@ -2,6 +2,7 @@
 
 import base64
 
+import matplotlib
 import matplotlib.pyplot as plt
 import numpy as np
 import pytest
@@ -233,3 +234,49 @@ def test_describe_reports_a_range_when_heads_differ():
     maps[1, 0] = [1.0, 0.0]  # head 1 has one exact zero, head 0 none
     assert viz.describe(maps, causal=False, temperature=1.0).startswith(
         "causal off: 0-1 of 4 weights per head are exactly 0")
+
+
+# What a reader sees ---------------------------------------------------------------------------
+def test_pipeline_labels_fit_inside_their_boxes():
+    from matplotlib.patches import FancyBboxPatch
+
+    ax = viz.plot_pipeline(MultiHeadAttention(16, 4).trace(np.zeros((2, 6, 16)), causal=True))
+    fig = ax.figure
+    fig.canvas.draw()
+    r = fig.canvas.get_renderer()
+    boxes = [p.get_window_extent(r) for p in ax.patches if isinstance(p, FancyBboxPatch)]
+    assert len(boxes) == 7
+    inside = 0
+    for t in ax.texts:
+        tb = t.get_window_extent(r)
+        box = next((b for b in boxes if b.x0 <= tb.x0 + tb.width / 2 <= b.x1), None)
+        if box is None:
+            continue  # the input shape, left of the first box
+        assert box.x0 <= tb.x0 and tb.x1 <= box.x1, f"label {t.get_text()!r} spills out of its box"
+        inside += 1
+    assert inside == 21  # name, formula and shape in each of the seven boxes
+    plt.close(fig)
+
+
+def test_exact_zeros_are_drawn_grey_and_tiny_weights_are_not():
+    w = np.array([[1.0, 0.0], [1e-12, 1.0 - 1e-12]])
+    ax = viz.plot_attention(w)
+    shown = ax.images[0].get_array()
+    assert shown.mask.tolist() == [[False, True], [False, False]]
+    rgba = ax.images[0].cmap(np.ma.masked_array([0.0], mask=[True]))
+    assert np.allclose(rgba[0][:3], matplotlib.colors.to_rgb("#c8c8c8"))
+    plt.close(ax.figure)
+
+
+@pytest.mark.parametrize("T", [6, 16, 40])
+def test_tick_labels_stay_readable_up_to_any_length(T):
+    ax = viz.plot_attention(np.full((T, T), 1.0 / T))
+    assert len(ax.get_xticks()) <= 10 and ax.get_xticks()[0] == 0
+    plt.close(ax.figure)
+
+
+def test_head_grid_has_one_shared_colour_bar():
+    fig = viz.plot_heads(viz.attention_maps(16, 16, 16, causal=True), ticks=False)
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and "exactly 0" in bars[0].get_ylabel()
+    plt.close(fig)

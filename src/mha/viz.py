@@ -38,15 +38,15 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
     if ax is None:
         _, ax = plt.subplots(figsize=(15, 2.4))
     n = len(PIPELINE)
-    w, gap = 1.6, 0.45
+    w, gap = 1.9, 0.3  # box width and the arrow gap, in data units; labels must fit (tested)
     for i, (num, name, formula) in enumerate(PIPELINE):
         x0 = i * (w + gap)
         box = FancyBboxPatch((x0, 0), w, 1, boxstyle="round,pad=0.04",
                              fc="#e8f0fe" if num != "4" else "#fde8e8", ec="#3b5998")
         ax.add_patch(box)
-        ax.text(x0 + w / 2, 0.78, f"{num}) {name}", ha="center", va="center", fontsize=9,
+        ax.text(x0 + w / 2, 0.78, f"{num}) {name}", ha="center", va="center", fontsize=8,
                 weight="bold")
-        ax.text(x0 + w / 2, 0.5, formula, ha="center", va="center", fontsize=8)
+        ax.text(x0 + w / 2, 0.5, formula, ha="center", va="center", fontsize=7.5)
         if ledger is not None:
             ax.text(x0 + w / 2, 0.2, _shape_after(ledger, num), ha="center", va="center",
                     fontsize=8, family="monospace", color="#444")
@@ -56,7 +56,7 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
     if ledger is not None and ledger:
         ax.text(-0.15, 0.5, f"x\n{ledger[0].shape}", ha="right", va="center", fontsize=8,
                 family="monospace")
-    ax.set_xlim(-1.6, n * (w + gap))
+    ax.set_xlim(-1.2, n * (w + gap))
     ax.set_ylim(-0.15, 1.15)
     ax.axis("off")
     ax.set_title("Multi-head attention in seven steps" +
@@ -65,7 +65,26 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
 
 
 # Heatmaps ----------------------------------------------------------------------------
-ATTN_CMAP = "Blues"
+ATTN_CMAP = plt.get_cmap("Blues").with_extremes(bad="#c8c8c8")
+"""Weights in blue; exact zeros (masked keys) in grey, so they never pass for tiny weights."""
+
+
+def _zeros_grey(w: np.ndarray) -> np.ma.MaskedArray:
+    """w with its exact zeros masked: the colour map draws them in its 'bad' grey."""
+    return np.ma.masked_equal(w, 0.0)
+
+
+def _tick_step(n: int, most: int = 10) -> int:
+    """Label every k-th row/column so at most `most` labels show (readable up to any T)."""
+    return max(1, -(-n // most))
+
+
+def _set_ticks(ax, T: int, S: int, labels: list[str] | None = None) -> None:
+    """Tick labels for a (T, S) heatmap, thinned to stay readable."""
+    labels = labels or [str(i) for i in range(max(T, S))]
+    xs, ys = range(0, S, _tick_step(S)), range(0, T, _tick_step(T))
+    ax.set_xticks(list(xs), [labels[i] for i in xs])
+    ax.set_yticks(list(ys), [labels[i] for i in ys])
 
 
 def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
@@ -80,12 +99,14 @@ def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
     if ax is None:
         _, ax = plt.subplots(figsize=(3.6, 3.2))
     T, S = w.shape  # (T, S)
-    im = ax.imshow(w, cmap=ATTN_CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
+    im = ax.imshow(_zeros_grey(w), cmap=ATTN_CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
     ax.set_xlabel("key s")
     ax.set_ylabel("query t")
-    labels = list(tokens) if tokens is not None else [str(i) for i in range(max(T, S))]
-    ax.set_xticks(range(S), labels[:S], rotation=90 if tokens is not None else 0)
-    ax.set_yticks(range(T), labels[:T])
+    if tokens is not None:
+        ax.set_xticks(range(S), list(tokens)[:S], rotation=90)
+        ax.set_yticks(range(T), list(tokens)[:T])
+    else:
+        _set_ticks(ax, T, S)
     if annotate:
         for t in range(T):
             for s in range(S):
@@ -94,7 +115,7 @@ def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
     if title is not None:
         ax.set_title(title)
     if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight")
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (grey: exactly 0)")
     return ax
 
 
@@ -105,8 +126,11 @@ def _grid(h: int) -> tuple[int, int]:
 
 
 def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
-               ticks: bool = True):
-    """One heatmap per head of (h, T, S) attention weights, in a grid; returns the figure."""
+               ticks: bool = True, colorbar: bool = True):
+    """One heatmap per head of (h, T, S) attention weights, in a grid; returns the figure.
+
+    One shared colour bar (0 to 1) reads for every head; exact zeros are grey.
+    """
     w = np.asarray(weights)
     if w.ndim == 4 and w.shape[0] == 1:
         w = w[0]  # (1, h, T, S) -> (h, T, S)
@@ -129,6 +153,10 @@ def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
             ax.set_ylabel("")
         if j < h - ncols:
             ax.set_xlabel("")
+    if colorbar:
+        shown = [ax for ax in axes.flat if ax.get_visible()]
+        fig.colorbar(shown[0].images[0], ax=list(axes.flat), shrink=0.8 if nrows > 1 else 1.0,
+                     label="weight (grey: exactly 0)")
     if suptitle is not None:
         fig.suptitle(suptitle)
     return fig
@@ -214,8 +242,8 @@ class _HeatmapView:
     def __init__(self, shown: np.ndarray, s: dict, dpi: int):
         self.fig = Figure(dpi=dpi, layout="constrained")
         FigureCanvasAgg(self.fig)
-        n, T = shown.shape[0], shown.shape[1]  # shown: (n, T, T)
-        self.ticks = s["head"] >= 0 or T <= 8
+        n = shown.shape[0]  # shown: (n, T, T)
+        self.ticks = s["head"] >= 0 or n <= 8  # a 16-head grid stays readable without ticks
         if s["head"] < 0:
             nrows, ncols = _grid(n)
             self.fig.set_size_inches(2.1 * ncols + 0.5, 2.0 * nrows + 0.3)
@@ -241,13 +269,12 @@ class _HeatmapView:
         """New numbers into the same axes; a new T also needs new extents, ticks, background."""
         resized = self.images[0].get_array().shape != shown.shape[1:]
         for im, w in zip(self.images, shown, strict=True):
-            im.set_data(w)  # (T, T): same axes, new numbers
+            im.set_data(_zeros_grey(w))  # (T, T): same axes, new numbers, zeros grey
             if resized:
                 T = w.shape[0]
                 im.set_extent((-0.5, T - 0.5, T - 0.5, -0.5))
                 if self.ticks:
-                    im.axes.set_xticks(range(T), [str(i) for i in range(T)])
-                    im.axes.set_yticks(range(T), [str(i) for i in range(T)])
+                    _set_ticks(im.axes, T, T)
         if resized:
             self._snapshot()
 
