@@ -145,3 +145,11 @@ def test_python_dash_m_mha_demo_runs():
     res = subprocess.run([sys.executable, "-m", "mha"], capture_output=True, text=True, check=True)
     assert res.stdout.count("PASS") == 4
     assert "1,050,624" in res.stdout and "(2, 8, 6, 64)" in res.stdout
+
+
+def test_the_module_a_student_reads_fits_one_screen():
+    from mha.source import show_source
+
+    shown = show_source(MultiHeadAttention, "__init__", "forward")
+    assert shown.lines <= 60, f"__init__ + forward take {shown.lines} lines"
+    assert "steps.softmax" in shown.text and "ledger" not in shown.text.split("def forward")[1]

@@ -120,3 +120,11 @@ def test_module_with_softmax_without_max_gives_nan_on_large_inputs(setup):
         mha(big)
     with pytest.raises(AssertionError, match="rows must sum to 1"):
         checks.check_rows_sum_to_one(mha.attn)
+
+
+def test_a_suspects_trace_looks_like_a_healthy_modules(rng):
+    x = rng.normal(size=(2, 5, 16))
+    healthy = MultiHeadAttention(16, 4, seed=2026).trace(x, causal=True)
+    for suspect in planted.suspects(2026).values():
+        rows = suspect.trace(x, causal=True)
+        assert [(r.step, r.tensor) for r in rows] == [(r.step, r.tensor) for r in healthy]

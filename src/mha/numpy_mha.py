@@ -3,52 +3,27 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 
 import numpy as np
 
-from . import steps
+from . import ledger, steps
+from .ledger import LedgerRow, format_ledger  # noqa: F401  (re-exported for callers)
 from .validate import mask_shape, require_float, require_heads, require_query_and_context
 
-
-@dataclass(frozen=True)
-class LedgerRow:
-    """One line of the shape ledger: which step made which tensor, and its shape."""
-
-    step: str
-    tensor: str
-    symbol: str
-    shape: tuple[int, ...]
-
-
-class Recorder:
-    """Collects LedgerRows during a forward pass into `ledger`; does nothing when it is None."""
-
-    def __init__(self, ledger: list[LedgerRow] | None):
-        self.ledger = ledger
-
-    def __call__(self, step: str, tensor: str, symbol: str, value):
-        """Record one tensor's shape under its step, and pass the tensor through."""
-        if self.ledger is not None:
-            self.ledger.append(LedgerRow(step, tensor, symbol, tuple(value.shape)))
-        return value
-
-    def inputs(self, x, context) -> None:
-        """Record the input rows: x, and the context when attending to another sequence."""
-        self("input", "x", "(B, T, d_model)", x)
-        if context is not None:
-            self("input", "context", "(B, S, d_model)", context)
-
-
-def format_ledger(rows: list[LedgerRow]) -> str:
-    """Render a shape ledger as an aligned text table."""
-    header = ("step", "tensor", "symbolic shape", "shape")
-    table = [header] + [(r.step, r.tensor, r.symbol, str(r.shape)) for r in rows]
-    widths = [max(len(row[i]) for row in table) for i in range(4)]
-    lines = ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
-             for row in table]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    return "\n".join(lines)
+# What `trace` writes for each step call, in call order (see mha.ledger).
+LEDGER_LABELS = {
+    "linear": [("1 project", "q = x Wq + bq", "(B, T, d_model)"),
+               ("1 project", "k = x Wk + bk", "(B, S, d_model)"),
+               ("1 project", "v = x Wv + bv", "(B, S, d_model)"),
+               ("7 project", "out = merged Wo + bo", "(B, T, d_model)")],
+    "split_heads": [("2 split heads", "q", "(B, h, T, d_k)"), ("2 split heads", "k", "(B, h, S, d_k)"),
+                    ("2 split heads", "v", "(B, h, S, d_k)")],
+    "scaled_scores": [("3 scaled scores", "q k^T / sqrt(d_k)", "(B, h, T, S)")],
+    "apply_mask": [("4 mask", "scores (-inf where masked)", "(B, h, T, S)")],
+    "softmax": [("5 softmax", "attention weights", "(B, h, T, S)")],
+    "weighted_sum": [("6 weighted sum", "weights @ v", "(B, h, T, d_k)")],
+    "merge_heads": [("7 merge heads", "concat of heads", "(B, T, d_model)")],
+}
 
 
 class MultiHeadAttention:
@@ -90,6 +65,7 @@ class MultiHeadAttention:
     def __call__(self, x, context=None, causal=False, mask=None) -> np.ndarray:
         return self.forward(x, context=context, causal=causal, mask=mask)
 
+
     def forward(
         self,
         x: np.ndarray,
@@ -103,13 +79,27 @@ class MultiHeadAttention:
         shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
         The attention weights (B, h, T, S) are kept on `self.attn`.
         """
-        return self._run(x, context, causal, mask, ledger=None)
+        B, T, S = self._check_inputs(x, context)
+        allowed = self.allowed(B, T, S, causal, mask)  # None, or True where query t may see key s
+        ctx = x if context is None else context
+        h = self.n_heads
+        q = steps.linear(x, self.Wq, self.bq)  # 1) (B, T, d_model): three views of the tokens
+        k = steps.linear(ctx, self.Wk, self.bk)  #    (B, S, d_model)
+        v = steps.linear(ctx, self.Wv, self.bv)  #    (B, S, d_model)
+        q, k, v = (steps.split_heads(a, h) for a in (q, k, v))  # 2) (B, h, T|S, d_k)
+        scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
+        if allowed is not None:
+            scores = steps.apply_mask(scores, allowed)  # 4) -inf where masked, before softmax
+        self.attn = steps.softmax(scores)  # 5) (B, h, T, S): rows sum to 1
+        heads = steps.weighted_sum(self.attn, v)  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+        merged = steps.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
+        return steps.linear(merged, self.Wo, self.bo)  # ... then the output projection
 
     def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
         """Run forward once and return the shape ledger of every tensor it made."""
-        ledger: list[LedgerRow] = []
-        self._run(x, context, causal, mask, ledger=ledger)
-        return ledger
+        with ledger.recording(steps, LEDGER_LABELS) as rows:
+            self.forward(x, context=context, causal=causal, mask=mask)
+        return ledger.input_rows(x, context) + rows
 
     def allowed(self, B: int, T: int, S: int, causal: bool, mask) -> np.ndarray | None:
         """Combine `causal` and `mask` into one boolean array that broadcasts to (B, h, T, S)."""
@@ -132,36 +122,3 @@ class MultiHeadAttention:
                     f"dtype=np.{a.dtype})"
                 )
         return B, T, S
-
-    def _run(self, x, context, causal, mask, ledger) -> np.ndarray:
-        B, T, S = self._check_inputs(x, context)
-        allowed = self.allowed(B, T, S, causal, mask)
-        ctx = x if context is None else context
-        log = Recorder(ledger)
-        log.inputs(x, context)
-        # 1) project: three different views of the tokens
-        q = log("1 project", "q = x Wq + bq", "(B, T, d_model)", steps.linear(x, self.Wq, self.bq))
-        k = log("1 project", "k = x Wk + bk", "(B, S, d_model)", steps.linear(ctx, self.Wk, self.bk))
-        v = log("1 project", "v = x Wv + bv", "(B, S, d_model)", steps.linear(ctx, self.Wv, self.bv))
-        # 2) split heads: (B, T, d_model) -> (B, h, T, d_k)
-        h = self.n_heads
-        q = log("2 split heads", "q", "(B, h, T, d_k)", steps.split_heads(q, h))
-        k = log("2 split heads", "k", "(B, h, S, d_k)", steps.split_heads(k, h))
-        v = log("2 split heads", "v", "(B, h, S, d_k)", steps.split_heads(v, h))
-        # 3) scores: (B, h, T, d_k) @ (B, h, d_k, S) -> (B, h, T, S)
-        scores = log("3 scaled scores", "q k^T / sqrt(d_k)", "(B, h, T, S)",
-                     steps.scaled_scores(q, k))
-        # 4) mask, then 5) softmax - in that order, so rows still sum to one
-        if allowed is not None:
-            scores = log("4 mask", "scores (-inf where masked)", "(B, h, T, S)",
-                         steps.apply_mask(scores, allowed))
-        weights = log("5 softmax", "attention weights", "(B, h, T, S)", steps.softmax(scores))
-        self.attn = weights
-        # 6) weighted sum: (B, h, T, S) @ (B, h, S, d_k) -> (B, h, T, d_k)
-        heads = log("6 weighted sum", "weights @ v", "(B, h, T, d_k)",
-                    steps.weighted_sum(weights, v))
-        # 7) merge heads (B, h, T, d_k) -> (B, T, d_model), then the output projection
-        merged = log("7 merge heads", "concat of heads", "(B, T, d_model)",
-                     steps.merge_heads(heads))
-        return log("7 project", "out = merged Wo + bo", "(B, T, d_model)",
-                   steps.linear(merged, self.Wo, self.bo))

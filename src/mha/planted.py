@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from . import steps
-from .numpy_mha import MultiHeadAttention
+from . import ledger, steps
+from .ledger import LedgerRow
+from .numpy_mha import LEDGER_LABELS, MultiHeadAttention
 from .validate import require_float, require_shape
 
 # Keep the real steps, so a swapped-in bug can still call them while the swap is active.
@@ -253,9 +254,16 @@ class Suspect(MultiHeadAttention):
     def __repr__(self) -> str:
         return f"Suspect {self.label}: " + super().__repr__()
 
-    def _run(self, x, context, causal, mask, ledger) -> np.ndarray:
+    def forward(self, x, context=None, causal=False, mask=None) -> np.ndarray:
+        """The reference forward pass, run with this suspect's bug planted."""
         with bug(self._planted):
-            return super()._run(x, context, causal, mask, ledger)
+            return super().forward(x, context=context, causal=causal, mask=mask)
+
+    def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
+        """The shape ledger, recorded around the planted step too (nothing gives it away)."""
+        with bug(self._planted), ledger.recording(steps, LEDGER_LABELS) as rows:
+            MultiHeadAttention.forward(self, x, context=context, causal=causal, mask=mask)
+        return ledger.input_rows(x, context) + rows
 
 
 def suspect_bugs(seed: int) -> dict[str, str]:

@@ -31,7 +31,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from . import numpy_mha
-from .numpy_mha import LedgerRow, Recorder
+from .ledger import LedgerRow, Recorder
 from .validate import mask_shape, require_float, require_heads, require_query_and_context
 
 _TORCH_TO_NUMPY = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
