@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any
 
 Label = tuple[str, str, str]  # (step, tensor, symbolic shape)
+Labels = Label | list[Label]  # a list: one label per tensor of a function returning a tuple
 
 
 @dataclass(frozen=True)
@@ -55,11 +56,12 @@ def input_rows(x: Any, context: Any = None) -> list[LedgerRow]:
 
 
 @contextmanager
-def recording(owner: Any, labels: Mapping[str, Sequence[Label]]) -> Iterator[list[LedgerRow]]:
+def recording(owner: Any, labels: Mapping[str, Sequence[Labels]]) -> Iterator[list[LedgerRow]]:
     """Within the block, each call of `owner.<name>` (a name in `labels`) adds a LedgerRow.
 
     `labels[name]` gives the row for the 1st, 2nd, ... call of that function (the last
-    label repeats if there are more calls). The functions are restored on exit, even if
+    label repeats if there are more calls); a list of labels for a call of a function
+    that returns a tuple gives one row per tensor. The functions are restored on exit, even if
     the block raises.
     """
     rows: list[LedgerRow] = []
@@ -69,10 +71,12 @@ def recording(owner: Any, labels: Mapping[str, Sequence[Label]]) -> Iterator[lis
     def recorded(name: str, fn: Callable) -> Callable:
         def call(*args, **kwargs):
             out = fn(*args, **kwargs)
-            first = out[0] if isinstance(out, tuple) else out  # (output, weights) pairs
-            step, tensor, symbol = labels[name][min(calls[name], len(labels[name]) - 1)]
+            label = labels[name][min(calls[name], len(labels[name]) - 1)]
             calls[name] += 1
-            rows.append(LedgerRow(step, tensor, symbol, tuple(int(s) for s in first.shape)))
+            # A function that returns several tensors has one label per tensor.
+            pairs = zip(label, out, strict=True) if isinstance(label, list) else [(label, out)]
+            for (step, tensor, symbol), value in pairs:
+                rows.append(LedgerRow(step, tensor, symbol, tuple(int(s) for s in value.shape)))
             return out
         return call
 
