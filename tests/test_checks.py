@@ -129,3 +129,11 @@ def test_check_answer_accepts_right_answers_within_atol():
     assert checks.check_answer("mask", np.eye(2, dtype=bool), np.eye(2, dtype=bool), "w")
     with pytest.raises(AssertionError, match="shape"):
         checks.check_answer("mask", np.ones((3, 3, 3)), np.ones((2, 2)), "w")
+
+
+def test_check_answer_wants_a_boolean_mask_and_shows_big_arrays_plainly():
+    mask = np.tril(np.ones((6, 6), dtype=bool))
+    with pytest.raises(AssertionError, match="as int64: a mask must be boolean"):
+        checks.check_answer("mask", mask.astype(int), mask, "w")
+    with pytest.raises(AssertionError, match=r"You have an array of shape \(6, 6\); w"):
+        checks.check_answer("mask", ~mask, mask, "w")

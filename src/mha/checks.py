@@ -98,9 +98,14 @@ def check_answer(name: str, got, expected, why: str, atol: float = 0.0) -> str:
     right = g.shape == e.shape and bool(np.allclose(g, e, rtol=0.0, atol=atol)
                                         if np.issubdtype(e.dtype, np.number) and e.dtype != bool
                                         else np.array_equal(g, e))
+    shown = _plain(got) if g.size <= 8 else f"an array of shape {g.shape}"
     if not right:
-        shown = got if g.size <= 8 else f"an array of shape {g.shape}"
-        raise AssertionError(f"{name}: not yet. You have {_plain(shown)}; {why}")
+        if g.shape != e.shape:
+            shown += f" (shape {g.shape}, expected shape {e.shape})"
+        raise AssertionError(f"{name}: not yet. You have {shown}; {why}")
+    if e.dtype == np.bool_ and g.dtype != np.bool_:
+        raise AssertionError(f"{name}: the right values, but as {g.dtype}: a mask must be "
+                             f"boolean (True = may attend), e.g. .astype(bool)")
     return f"{name}: right"
 
 
@@ -140,8 +145,9 @@ def check_causal(
             f"(max change {diff:.3g}). The outputs alone cannot say why; the usual causes are "
             f"(a) the mask: missing, the wrong triangle, off by one, or applied after softmax, "
             f"and (b) a split or merge reshape without its transpose, which mixes tokens. "
-            f"check_rows_sum_to_one on the weights separates them: a mask applied after "
-            f"softmax breaks the row sums, a bad reshape does not"
+            f"To tell them apart: check_rows_sum_to_one on the weights fails only for a mask "
+            f"applied after softmax; diagnose.check_step on causal_mask, split_heads and "
+            f"merge_heads names the others"
         )
 
     present = x.copy()

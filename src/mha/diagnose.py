@@ -210,7 +210,7 @@ def _cases(name: str, rng: np.random.Generator) -> list[Case]:
                  (n(size=(2, 3, 5, 5)), ref_steps.causal_mask(5)))]
     if name == "softmax":
         return [("ordinary scores (2, 3, 4, 6)", (n(size=(2, 3, 4, 6)),)),
-                ("large scores, up to about 1000", (400.0 * n(size=(2, 3, 4, 6)),)),
+                ("large scores, in the hundreds", (400.0 * n(size=(2, 3, 4, 6)),)),
                 ("causal scores with -inf above the diagonal", (_causal_scores(rng, 5),)),
                 ("a fully masked row (every score -inf)", (_fully_masked_row(rng),))]
     if name == "weighted_sum":
@@ -240,7 +240,7 @@ STEPS: dict[str, int] = {
 
 # What a case that fails with no matching bug most likely means (only where the case says it).
 _CASE_HINTS = {
-    "large scores, up to about 1000": "exp overflows past about 709 in float64: subtract each "
+    "large scores, in the hundreds": "exp overflows past about 709 in float64: subtract each "
                                       "row's max before exp.",
     "a fully masked row (every score -inf)": "A row with nothing to attend to must come out as "
         "zeros, not NaN: where the row max is -inf use 0 instead, and divide only where the "

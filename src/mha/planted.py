@@ -51,7 +51,7 @@ def split_no_transpose(x: np.ndarray, n_heads: int) -> np.ndarray:
     """
     require_shape("x", x, (("B", None), ("T", None), ("d_model", None)))
     B, T, d_model = x.shape
-    return x.reshape(B, n_heads, T, d_model // n_heads)  # (B, T, d_model) read in memory order
+    return x.reshape(B, n_heads, T, d_model // n_heads)  # (B, T, d_model) in row-major order
 
 
 # 3) Scores without the scale ---------------------------------------------------------
@@ -104,8 +104,8 @@ def mask_after_softmax(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
 def softmax_no_max(scores: np.ndarray, axis: int = -1) -> np.ndarray:
     """WRONG: exp(scores) / sum(exp(scores)) with no row max subtracted.
 
-    Mathematically equal to softmax, but exp overflows to inf for logits above ~709
-    (float64) or ~88 (float32), and inf / inf gives NaN.
+    Mathematically equal to softmax, but exp overflows to inf for logits above
+    ln(max float) = 709.78 (float64) or 88.72 (float32), and inf / inf gives NaN.
     """
     require_float("scores", scores)
     e = np.exp(scores)
@@ -130,7 +130,7 @@ def merge_no_transpose(x: np.ndarray) -> np.ndarray:
     """
     require_shape("x", x, (("B", None), ("h", None), ("T", None), ("d_k", None)))
     B, h, T, d_k = x.shape
-    return x.reshape(B, T, h * d_k)  # (B, h, T, d_k) read in memory order -> (B, T, d_model)
+    return x.reshape(B, T, h * d_k)  # (B, h, T, d_k) read in row-major index order -> (B, T, d_model)
 
 
 # Swapping a bug into the whole module --------------------------------------------------

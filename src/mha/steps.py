@@ -91,8 +91,8 @@ def apply_mask(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
     # inputs after t change. In a row with an allowed key, -1e9 or finfo.min would do that too
     # (exp underflows to exactly 0 in float32/64). -inf is chosen for the edge cases: a fully
     # masked row stays recognisable (softmax returns zeros, where a finite fill would spread
-    # the weight uniformly over keys that were all forbidden), and no finite fill can
-    # overflow in float16 (-1e9 is -inf there anyway; finfo.min - max overflows).
+    # the weight uniformly over keys that were all forbidden), and -inf cannot overflow in
+    # float16, where finite fills do (-1e9 already is -inf there; finfo.min - max overflows).
     return np.where(allowed, scores, np.array(-np.inf, dtype=scores.dtype))  # (B, h, T, S)
 
 
