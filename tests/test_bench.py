@@ -123,3 +123,20 @@ def test_cuda_backends_match_math_within_derived_tolerance(backend):
     ref_err = float((golden - lp_ref).abs().max())
     err = float((bench.sdpa_core(q, k, v, True, backend).double() - golden).abs().max())
     assert err <= max(3 * ref_err, torch.finfo(torch.bfloat16).eps * float(golden.abs().max()))
+
+
+def test_derived_tolerance_is_floored_and_scaled():
+    from mha.bench import DEFAULT_ATOL, FUDGE, derived_tolerance
+
+    golden = torch.zeros(3, dtype=torch.float64)
+    assert derived_tolerance(golden, golden.float(), torch.float32) == (0.0, DEFAULT_ATOL[torch.float32])
+    err, allowed = derived_tolerance(golden, torch.tensor([0.0, 0.1, 0.0]), torch.bfloat16)
+    assert abs(err - 0.1) < 1e-7 and abs(allowed - FUDGE * err) < 1e-7
+
+
+def test_kernel_that_runs_tells_flash_from_math_on_the_cpu():
+    from mha.bench import kernel_that_runs
+
+    q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
+    assert kernel_that_runs(q, q, q) == "flash"
+    assert kernel_that_runs(q, q, q, dropout_p=0.1) == "math"  # the CPU flash kernel refuses dropout

@@ -50,3 +50,19 @@ def test_requirements_point_at_a_readme_heading_that_exists():
     readme = (ROOT / "README.md").read_text()
     heading = note.split('README, "', 1)[1].split('"', 1)[0]
     assert f"## {heading}" in readme, f"requirements.txt points at a missing heading {heading!r}"
+
+
+def test_every_lesson_has_a_try_it_with_a_self_check_before_its_answer():
+    import nbformat
+
+    for stem in NOTEBOOKS[1:]:  # 00 is the map, 01-09 are lessons
+        cells = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
+        start = next((i for i, c in enumerate(cells)
+                      if c.cell_type == "markdown" and "## Try it" in c.source), None)
+        assert start is not None, f"{stem} has no '## Try it' exercise"
+        answer = next((i for i in range(start, len(cells))
+                       if "<summary>Show answer</summary>" in cells[i].source), None)
+        assert answer is not None, f"{stem}: the Try it has no folded answer"
+        checks_ = [c for c in cells[start:answer] if c.cell_type == "code"
+                   and ("checks." in c.source or "diagnose." in c.source)]
+        assert checks_, f"{stem}: no self-check cell (checks./diagnose.) between Try it and its answer"

@@ -21,10 +21,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import checks
+from mha.bench import FUDGE, derived_tolerance
 from mha.torch_mha import MultiHeadAttention, causal_mask, torch_mha_forward
 from tests.reference import attention_loops
 
-FUDGE = 3.0  # flash-attention allows 2x; PyTorch's SDPA tests default to 5x; we take 3x
 IMPLS = ["numpy", "sdpa", "manual", "sdpa_fused", "manual_fused", "nn_mha"]
 
 
@@ -95,14 +95,6 @@ def allowed_4d(case, mask) -> np.ndarray | None:
     return allowed
 
 
-# PyTorch's test_transformers.py default_atol: the floor under every derived tolerance
-DEFAULT_ATOL = {torch.float32: 1e-5, torch.float16: 1e-3, torch.bfloat16: 1e-3}
-
-
-def derived_tolerance(golden: np.ndarray, lp_ref: np.ndarray, dtype: torch.dtype) -> tuple[float, float]:
-    """(ref_err, allowed): the low-precision reference's error and FUDGE x that, floored at default_atol."""
-    ref_err = float(np.abs(golden - lp_ref).max())
-    return ref_err, max(DEFAULT_ATOL[dtype], FUDGE * ref_err)
 
 
 # ---- the contract -----------------------------------------------------------------------------

@@ -410,7 +410,10 @@ def refusing(owner: Any, names: tuple[str, ...]) -> Iterator[None]:
     Graders wrap a student's call in it, so a part that leans on the package's own solution
     (say `MultiHeadAttention.from_numpy` in a weight-transfer exercise) fails with a reason.
     """
-    saved = {n: vars(owner)[n] for n in names}
+    # Patch each name where it is defined: on a class, that may be a base class (a mixin).
+    holders = {n: next((c for c in getattr(owner, "__mro__", (owner,)) if n in vars(c)), owner)
+               for n in names}
+    saved = {n: vars(holders[n])[n] for n in names}
 
     def refuse(name: str) -> Callable:
         def refused(*args, **kwargs):
@@ -420,11 +423,11 @@ def refusing(owner: Any, names: tuple[str, ...]) -> Iterator[None]:
 
     try:
         for n in names:
-            setattr(owner, n, refuse(n))
+            setattr(holders[n], n, refuse(n))
         yield
     finally:
         for n, fn in saved.items():
-            setattr(owner, n, fn)
+            setattr(holders[n], n, fn)
 
 
 # ---- the whole pipeline -----------------------------------------------------------------------

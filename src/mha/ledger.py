@@ -28,24 +28,6 @@ class LedgerRow:
     shape: tuple[int, ...]
 
 
-class Recorder:
-    """Collects LedgerRows during a forward pass into `ledger`; does nothing when it is None."""
-
-    def __init__(self, ledger: list[LedgerRow] | None):
-        self.ledger = ledger
-
-    def __call__(self, step: str, tensor: str, symbol: str, value):
-        """Record one tensor's shape under its step, and pass the tensor through."""
-        if self.ledger is not None:
-            self.ledger.append(LedgerRow(step, tensor, symbol, tuple(value.shape)))
-        return value
-
-    def inputs(self, x, context) -> None:
-        """Record the input rows: x, and the context when attending to another sequence."""
-        if self.ledger is not None:
-            self.ledger.extend(input_rows(x, context))
-
-
 def input_rows(x: Any, context: Any = None) -> list[LedgerRow]:
     """The ledger's first rows: the input x, and the context when attending to another sequence."""
     rows = [LedgerRow("input", "x", "(B, T, d_model)", tuple(int(s) for s in x.shape))]

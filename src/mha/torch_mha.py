@@ -1,5 +1,9 @@
 """Multi-head attention in PyTorch: the numpy module's twin, built on `F.scaled_dot_product_attention`.
 
+The class holds the weights and the forward pass only; moving weights to and from numpy
+and nn.MultiheadAttention lives in `mha.convert` (a mixin, so the methods are the same),
+and the shape ledger in `mha.ledger`.
+
 Same names, same forward signature and same errors as `mha.numpy_mha.MultiHeadAttention`;
 the seven steps map one to one (see notebook 08):
 
@@ -23,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 from collections.abc import Iterator
 
 import numpy as np
@@ -30,8 +35,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import numpy_mha
-from .ledger import LedgerRow, Recorder
+from . import ledger, numpy_mha
+from .convert import WeightConversion
+from .ledger import LedgerRow
 from .validate import mask_shape, require_float, require_heads, require_query_and_context
 
 _TORCH_TO_NUMPY = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
@@ -88,7 +94,63 @@ def allowed_mask(
     return allowed
 
 
-class MultiHeadAttention(nn.Module):
+def project_qkv(m: MultiHeadAttention, x: torch.Tensor, ctx: torch.Tensor):
+    """Step 1: q from x (B, T, d_model); k, v from ctx (B, S, d_model), separate or fused."""
+    if not m.fused_qkv:
+        return m.q_proj(x), m.k_proj(ctx), m.v_proj(ctx)
+    if ctx is x:  # one GEMM: (B, T, d_model) @ (d_model, 3*d_model) -> (B, T, 3*d_model)
+        return m.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
+    d = m.d_model  # cross-attention: q reads x, k and v read the context
+    W_q, W_kv = m.qkv_proj.weight.split([d, 2 * d], dim=0)  # (d, d), (2d, d)
+    b_q, b_kv = m.qkv_proj.bias.split([d, 2 * d], dim=0)
+    k, v = F.linear(ctx, W_kv, b_kv).chunk(2, dim=-1)  # (B, S, 2*d_model) -> 2 x (B, S, d_model)
+    return F.linear(x, W_q, b_q), k, v  # (B, T, d_model), (B, S, d_model), (B, S, d_model)
+
+
+def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(B, T, d_model) -> (B, h, T, d_k), the twin of mha.steps.split_heads (a view, no copy)."""
+    B, T, d_model = x.shape
+    return x.view(B, T, n_heads, d_model // n_heads).transpose(1, 2)  # (B,T,h,d_k) -> (B,h,T,d_k)
+
+
+def merge_heads(x: torch.Tensor) -> torch.Tensor:
+    """(B, h, T, d_k) -> (B, T, d_model), the twin of mha.steps.merge_heads.
+
+    reshape, not view: after the transpose the tensor is usually not contiguous, and
+    reshape copies exactly when it has to (notebook 08).
+    """
+    B, h, T, d_k = x.shape
+    return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, h, d_k) -> (B, T, d_model)
+
+
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
+                   mask=None) -> torch.Tensor:
+    """Steps 3-6 in one fused call: q (B, h, T, d_k), k, v (B, h, S, d_k) -> (B, h, T, d_k).
+
+    Causal-only goes in as is_causal=True (kernels skip the masked half); anything else as
+    one boolean mask, True = may attend.
+    """
+    if causal and mask is None:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, d_k)
+    B, h, T, _ = q.shape
+    allowed = allowed_mask(B, h, T, k.shape[2], causal, mask, q.device)  # None or (.., T, S)
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, h, T, d_k)
+
+
+# What `trace` writes for each call, in call order (see mha.ledger).
+LEDGER_LABELS = {
+    "project_qkv": [[("1 project", "q", "(B, T, d_model)"), ("1 project", "k", "(B, S, d_model)"),
+                     ("1 project", "v", "(B, S, d_model)")]],
+    "split_heads": [("2 split heads", "q", "(B, h, T, d_k)"), ("2 split heads", "k", "(B, h, S, d_k)"),
+                    ("2 split heads", "v", "(B, h, S, d_k)")],
+    "sdpa_attention": [("3-6 sdpa", "scaled_dot_product_attention", "(B, h, T, d_k)")],
+    "manual_attention": [[("3-6 manual", "weights @ v", "(B, h, T, d_k)"),
+                          ("3-5 manual", "attention weights", "(B, h, T, S)")]],
+    "merge_heads": [("7 merge heads", "concat of heads", "(B, T, d_model)")],
+}
+
+
+class MultiHeadAttention(WeightConversion, nn.Module):
     """Multi-head attention on `F.scaled_dot_product_attention`, the twin of the numpy module.
 
     `MultiHeadAttention(d_model, n_heads, seed)` draws exactly the weights the numpy module
@@ -100,16 +162,9 @@ class MultiHeadAttention(nn.Module):
     Shapes: x (B, T, d_model), context (B, S, d_model) -> (B, T, d_model).
     """
 
-    def __init__(
-        self,
-        d_model: int,
-        n_heads: int,
-        seed: int = 0,
-        dtype: torch.dtype = torch.float32,
-        fused_qkv: bool = False,
-        use_sdpa: bool = True,
-        device=None,
-    ):
+    def __init__(self, d_model: int, n_heads: int, seed: int = 0,
+                 dtype: torch.dtype = torch.float32, fused_qkv: bool = False,
+                 use_sdpa: bool = True, device=None):
         super().__init__()
         self.d_k = require_heads(d_model, n_heads)
         self.d_model, self.n_heads = int(d_model), int(n_heads)
@@ -128,82 +183,33 @@ class MultiHeadAttention(nn.Module):
         # Same draws as the numpy twin (float64), then cast: seed s gives the same module.
         self.load_numpy_(numpy_mha.MultiHeadAttention(d_model, n_heads, seed=seed))
 
-    # ---- weights in one canonical form: (out, in) tensors, q/k/v separate -------------------
-    def qkv_weights(self) -> tuple[torch.Tensor, ...]:
-        """(Wq, bq, Wk, bk, Wv, bv) in nn.Linear layout: W (d_model out, d_model in), b (d_model,)."""
-        if self.fused_qkv:
-            Wq, Wk, Wv = self.qkv_proj.weight.chunk(3, dim=0)  # 3 x (d_model, d_model)
-            bq, bk, bv = self.qkv_proj.bias.chunk(3, dim=0)  # 3 x (d_model,)
-            return Wq, bq, Wk, bk, Wv, bv
-        return (self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
-                self.v_proj.weight, self.v_proj.bias)
+    def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
+                mask=None) -> torch.Tensor:
+        """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
-    @torch.no_grad()
-    def load_weights_(self, Wq, bq, Wk, bk, Wv, bv, Wo, bo) -> MultiHeadAttention:
-        """Copy eight tensors in nn.Linear layout (W (out, in)) into this module; returns self."""
-        d = self.d_model
-        for name, w in (("Wq", Wq), ("Wk", Wk), ("Wv", Wv), ("Wo", Wo)):
-            if tuple(w.shape) != (d, d):
-                raise ValueError(f"{name} must be (d_model={d}, d_model={d}), got {tuple(w.shape)}")
-        if self.fused_qkv:
-            self.qkv_proj.weight.copy_(torch.cat([Wq, Wk, Wv], dim=0))  # (3*d_model, d_model)
-            self.qkv_proj.bias.copy_(torch.cat([bq, bk, bv], dim=0))  # (3*d_model,)
-        else:
-            for lin, w, b in ((self.q_proj, Wq, bq), (self.k_proj, Wk, bk), (self.v_proj, Wv, bv)):
-                lin.weight.copy_(w)
-                lin.bias.copy_(b)
-        self.out_proj.weight.copy_(Wo)
-        self.out_proj.bias.copy_(bo)
-        return self
+        `causal=True` lets query t see keys s <= t. `mask` is boolean, True = may attend,
+        shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
+        The manual path (use_sdpa=False) keeps the weights (B, h, T, S) on `.attn`.
+        """
+        B, T, S = self._check_inputs(x, context)
+        h = self.n_heads
+        q, k, v = project_qkv(self, x, x if context is None else context)  # 1) (B, T|S, d_model)
+        q, k, v = (split_heads(a, h) for a in (q, k, v))  # 2) (B, h, T|S, d_k)
+        if self.use_sdpa:  # 3-6) one fused kernel; it never forms the (T, S) weights
+            heads, self.attn = sdpa_attention(q, k, v, causal, mask), None
+        else:  # 3-6) written out: scores, -inf mask, safe softmax, weights @ v
+            allowed = allowed_mask(B, h, T, S, causal, mask, x.device)
+            heads, weights = manual_attention(q, k, v, allowed)  # (B,h,T,d_k), (B,h,T,S)
+            self.attn = weights.detach()
+        merged = merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
+        return self.out_proj(merged)  # ... then the output projection
 
-    def load_numpy_(self, np_module: numpy_mha.MultiHeadAttention) -> MultiHeadAttention:
-        """Copy weights from the numpy module: numpy's W is (in, out), nn.Linear's is (out, in), so transpose."""
-        t = [torch.as_tensor(np.ascontiguousarray(a)) for a in np_module.parameters()]
-        Wq, bq, Wk, bk, Wv, bv, Wo, bo = t
-        return self.load_weights_(Wq.T, bq, Wk.T, bk, Wv.T, bv, Wo.T, bo)  # (in,out).T -> (out,in)
-
-    @classmethod
-    def from_numpy(cls, np_module, dtype: torch.dtype | None = None, **kwargs) -> MultiHeadAttention:
-        """A torch module with the numpy module's weights (transposed to (out, in)); dtype defaults to numpy's."""
-        if dtype is None:
-            dtype = torch.float64 if np_module.dtype == np.float64 else torch.float32
-        m = cls(np_module.d_model, np_module.n_heads, dtype=dtype, **kwargs)
-        return m.load_numpy_(np_module)
-
-    def to_numpy(self, dtype=np.float64) -> numpy_mha.MultiHeadAttention:
-        """A numpy module with this module's weights, transposed back to numpy's (in, out) layout."""
-        out = numpy_mha.MultiHeadAttention(self.d_model, self.n_heads, dtype=dtype)
-        Wq, bq, Wk, bk, Wv, bv = (p.detach().cpu().double().numpy().astype(dtype)
-                                  for p in self.qkv_weights())
-        Wo, bo = (p.detach().cpu().double().numpy().astype(dtype)
-                  for p in (self.out_proj.weight, self.out_proj.bias))
-        out.Wq, out.Wk, out.Wv, out.Wo = Wq.T, Wk.T, Wv.T, Wo.T  # (out, in) -> (in, out)
-        out.bq, out.bk, out.bv, out.bo = bq, bk, bv, bo
-        return out
-
-    @classmethod
-    def from_torch_mha(cls, ref: nn.MultiheadAttention, **kwargs) -> MultiHeadAttention:
-        """A module with nn.MultiheadAttention's weights: in_proj_weight is q, k, v stacked on dim 0."""
-        _check_plain_torch_mha(ref)
-        Wq, Wk, Wv = ref.in_proj_weight.chunk(3, dim=0)  # 3 x (d_model, d_model), (out, in)
-        bq, bk, bv = ref.in_proj_bias.chunk(3, dim=0)  # 3 x (d_model,)
-        kwargs.setdefault("dtype", ref.in_proj_weight.dtype)
-        kwargs.setdefault("device", ref.in_proj_weight.device)
-        m = cls(ref.embed_dim, ref.num_heads, **kwargs)
-        return m.load_weights_(Wq, bq, Wk, bk, Wv, bv, ref.out_proj.weight, ref.out_proj.bias)
-
-    @torch.no_grad()
-    def to_torch_mha(self) -> nn.MultiheadAttention:
-        """An nn.MultiheadAttention(batch_first=True) with these weights (q, k, v stacked into in_proj)."""
-        p = self.out_proj.weight
-        ref = nn.MultiheadAttention(self.d_model, self.n_heads, batch_first=True,
-                                    dtype=p.dtype, device=p.device)
-        Wq, bq, Wk, bk, Wv, bv = self.qkv_weights()
-        ref.in_proj_weight.copy_(torch.cat([Wq, Wk, Wv], dim=0))  # (3*d_model, d_model)
-        ref.in_proj_bias.copy_(torch.cat([bq, bk, bv], dim=0))  # (3*d_model,)
-        ref.out_proj.weight.copy_(self.out_proj.weight)
-        ref.out_proj.bias.copy_(self.out_proj.bias)
-        return ref
+    def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
+        """Run forward once (without autograd) and return the shape ledger of every tensor it made."""
+        with torch.no_grad(), ledger.recording(sys.modules[__name__], LEDGER_LABELS) as rows:
+            out = self.forward(x, context=context, causal=causal, mask=mask)
+        last = LedgerRow("7 project", "out = out_proj(merged)", "(B, T, d_model)", tuple(out.shape))
+        return ledger.input_rows(x, context) + rows + [last]
 
     def num_parameters(self) -> int:
         """Total number of learnable numbers (4 * d_model**2 + 4 * d_model)."""
@@ -212,29 +218,6 @@ class MultiHeadAttention(nn.Module):
     def extra_repr(self) -> str:
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}, "
                 f"dtype={self.dtype}, fused_qkv={self.fused_qkv}, use_sdpa={self.use_sdpa}")
-
-    # ---- forward ---------------------------------------------------------------------------
-    def forward(
-        self,
-        x: torch.Tensor,
-        context: torch.Tensor | None = None,
-        causal: bool = False,
-        mask=None,
-    ) -> torch.Tensor:
-        """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
-
-        `causal=True` lets query t see keys s <= t. `mask` is boolean, True = may attend,
-        shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
-        The manual path (use_sdpa=False) keeps the weights (B, h, T, S) on `.attn`.
-        """
-        return self._run(x, context, causal, mask, ledger=None)
-
-    def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
-        """Run forward once (without autograd) and return the shape ledger of every tensor it made."""
-        ledger: list[LedgerRow] = []
-        with torch.no_grad():
-            self._run(x, context, causal, mask, ledger=ledger)
-        return ledger
 
     def _check_inputs(self, x, context) -> tuple[int, int, int]:
         """Validate x and context like the numpy module does, plus torch-only checks."""
@@ -258,72 +241,8 @@ class MultiHeadAttention(nn.Module):
                                  f"(move it with {name}.to('{device}'))")
         return B, T, S
 
-    def _project_qkv(self, x, ctx, self_attention: bool):
-        """Step 1: q from x (B, T, d_model); k, v from ctx (B, S, d_model)."""
-        if not self.fused_qkv:
-            return self.q_proj(x), self.k_proj(ctx), self.v_proj(ctx)
-        d = self.d_model
-        if self_attention:  # one GEMM: (B, T, d_model) @ (d_model, 3*d_model) -> (B, T, 3*d_model)
-            return self.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
-        # cross-attention: q reads x, k and v read the context - split the fused weight rows
-        W_q, W_kv = self.qkv_proj.weight.split([d, 2 * d], dim=0)  # (d, d), (2d, d)
-        b_q, b_kv = self.qkv_proj.bias.split([d, 2 * d], dim=0)
-        q = F.linear(x, W_q, b_q)  # (B, T, d_model)
-        k, v = F.linear(ctx, W_kv, b_kv).chunk(2, dim=-1)  # (B, S, 2*d_model) -> 2 x (B, S, d_model)
-        return q, k, v
-
-    def _run(self, x, context, causal, mask, ledger) -> torch.Tensor:
-        B, T, S = self._check_inputs(x, context)
-        h, d_k = self.n_heads, self.d_k
-        ctx = x if context is None else context
-        log = Recorder(ledger)
-        log.inputs(x, context)
-        # 1) project
-        q, k, v = self._project_qkv(x, ctx, context is None)
-        what = "fused qkv_proj + chunk" if self.fused_qkv else "Linear"
-        log("1 project", f"q ({what})", "(B, T, d_model)", q)
-        log("1 project", f"k ({what})", "(B, S, d_model)", k)
-        log("1 project", f"v ({what})", "(B, S, d_model)", v)
-        # 2) split heads: view splits d_model into (h, d_k); transpose makes heads a batch axis
-        q = log("2 split heads", "q", "(B, h, T, d_k)", q.view(B, T, h, d_k).transpose(1, 2))  # (B, h, T, d_k)
-        k = log("2 split heads", "k", "(B, h, S, d_k)", k.view(B, S, h, d_k).transpose(1, 2))  # (B, h, S, d_k)
-        v = log("2 split heads", "v", "(B, h, S, d_k)", v.view(B, S, h, d_k).transpose(1, 2))  # (B, h, S, d_k)
-        if self.use_sdpa:
-            # 3-6) one fused call. Causal-only uses is_causal=True (kernels skip the masked
-            # half); anything else goes in as one boolean mask, True = may attend.
-            only_causal = causal and mask is None
-            allowed = None if only_causal else allowed_mask(B, h, T, S, causal, mask, x.device)
-            heads = F.scaled_dot_product_attention(q, k, v, attn_mask=allowed,
-                                                   is_causal=only_causal)  # (B, h, T, d_k)
-            self.attn = None  # the fused kernels never form the (T, S) weights
-            log("3-6 sdpa", "scaled_dot_product_attention", "(B, h, T, d_k)", heads)
-        else:
-            allowed = allowed_mask(B, h, T, S, causal, mask, x.device)
-            heads, weights = manual_attention(q, k, v, allowed)  # (B,h,T,d_k), (B,h,T,S)
-            self.attn = weights.detach()
-            log("3 scaled scores", "q k^T / sqrt(d_k)", "(B, h, T, S)", weights)
-            if allowed is not None:
-                log("4 mask", "scores (-inf where masked)", "(B, h, T, S)", weights)
-            log("5 softmax", "attention weights", "(B, h, T, S)", weights)
-            log("6 weighted sum", "weights @ v", "(B, h, T, d_k)", heads)
-        # 7) merge heads: transpose back, then reshape (a view would fail: the transposed
-        # tensor is not contiguous); then the output projection
-        merged = heads.transpose(1, 2).reshape(B, T, self.d_model)  # (B, T, h, d_k) -> (B, T, d_model)
-        log("7 merge heads", "concat of heads", "(B, T, d_model)", merged)
-        return log("7 project", "out = out_proj(merged)", "(B, T, d_model)", self.out_proj(merged))
-
 
 # ---- nn.MultiheadAttention: the same maths, the opposite mask convention -----------------------
-def _check_plain_torch_mha(ref: nn.MultiheadAttention) -> None:
-    """Reject nn.MultiheadAttention options this module has no twin for."""
-    if not isinstance(ref, nn.MultiheadAttention):
-        raise TypeError(f"expected nn.MultiheadAttention, got {type(ref).__name__}")
-    if ref.in_proj_weight is None or ref.in_proj_bias is None:
-        raise ValueError("need one packed in_proj_weight with bias (kdim = vdim = embed_dim, bias=True)")
-    if ref.bias_k is not None or ref.add_zero_attn:
-        raise ValueError("add_bias_kv / add_zero_attn have no equivalent here")
-
-
 def torch_mha_mask(allowed: torch.Tensor | None, B: int, h: int, T: int, S: int) -> torch.Tensor | None:
     """Turn our mask (True = may attend, broadcastable to (B, h, T, S)) into nn.MultiheadAttention's.
 
