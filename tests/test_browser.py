@@ -167,13 +167,18 @@ def test_explorer_sliders_redraw_in_jupyterlab(browser, lab):
     img.scroll_into_view_if_needed()
     img.wait_for(state="visible", timeout=30_000)
     caption = page.locator(".widget-html-content").last
-    assert "causal on" in caption.inner_text()
+    # The caption is a second widget view; it may render a moment after the picture.
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('.widget-html-content')).pop()"
+        ".textContent.includes('causal on')", timeout=60_000)
     before = img.get_attribute("src")
 
     page.locator(".widget-checkbox input").last.click()  # causal off
     wait_for_new_picture(page, before)
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('.widget-html-content')).pop()"
+        ".textContent.includes('changed: causal True -> False')", timeout=60_000)
     assert "causal off" in caption.inner_text()
-    assert "changed: causal True -> False" in caption.inner_text()
 
     before = img.get_attribute("src")
     handle = page.locator(".widget-hslider .noUi-handle").last  # temperature: the last slider
