@@ -133,3 +133,11 @@ def test_weighted_sum_is_a_loop_over_value_rows(rng):
         for s in range(S):
             want[b, j, t] += w[b, j, t, s] * v[b, j, s]
     np.testing.assert_allclose(steps.weighted_sum(w, v), want, rtol=1e-12, atol=1e-14)
+
+
+def test_causal_mask_offset_aligns_the_staircase_bottom_right():
+    m = steps.causal_mask(2, 5, offset=3)  # 2 new queries after 3 cached keys
+    assert m.tolist() == [[True, True, True, True, False], [True, True, True, True, True]]
+    assert np.array_equal(steps.causal_mask(4, 4, offset=0), steps.causal_mask(4))
+    with pytest.raises(TypeError, match="offset must be an int"):
+        steps.causal_mask(2, 5, offset=1.5)

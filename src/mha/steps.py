@@ -65,15 +65,18 @@ def scaled_scores(q: np.ndarray, k: np.ndarray) -> np.ndarray:
 
 
 # 4) Mask --------------------------------------------------------------------------
-def causal_mask(T: int, S: int | None = None) -> np.ndarray:
-    """Boolean (T, S) matrix, True where query t may attend to key s (s <= t).
+def causal_mask(T: int, S: int | None = None, offset: int = 0) -> np.ndarray:
+    """Boolean (T, S) matrix, True where query t may attend to key s <= t + offset.
 
-    With S != T the diagonal starts at the top-left corner, as in torch's
-    `scaled_dot_product_attention(is_causal=True)`.
+    offset=0: with S != T the diagonal starts at the top-left corner, as in torch's
+    `scaled_dot_product_attention(is_causal=True)`. offset=S-T aligns it bottom-right,
+    as a chunk of T new queries after S-T cached keys needs (a KV cache's prefill).
     """
     T = require_int("T", T)
     S = T if S is None else require_int("S", S)
-    return np.tril(np.ones((T, S), dtype=bool))  # (T, S): the lower-left staircase
+    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
+        raise TypeError(f"offset must be an int, got {type(offset).__name__} {offset!r}")
+    return np.tril(np.ones((T, S), dtype=bool), k=int(offset))  # (T, S): the staircase
 
 
 def apply_mask(scores: np.ndarray, allowed: np.ndarray) -> np.ndarray:
