@@ -78,6 +78,7 @@ notebooks: $(VENV)/.dev-installed
 # CPU (and CUDA when present) timing sweep; writes CSV + plot under benchmarks/results/.
 bench: $(VENV)/.dev-installed
 	$(BIN)/python benchmarks/sdpa_backends.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/flash_kv.py $(BENCH_ARGS)
 
 # Graded assignments (nbgrader, headless): see notebooks/assignments/README.md.
 assignments: $(VENV)/.dev-installed

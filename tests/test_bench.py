@@ -140,3 +140,18 @@ def test_kernel_that_runs_tells_flash_from_math_on_the_cpu():
     q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
     assert kernel_that_runs(q, q, q) == "flash"
     assert kernel_that_runs(q, q, q, dropout_p=0.1) == "math"  # the CPU flash kernel refuses dropout
+
+
+def test_flash_kv_benchmark_runs_and_reports_each_goal(tmp_path):
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "flash_kv.py"
+    spec = importlib.util.spec_from_file_location("flash_kv", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
+    report = (tmp_path / "flash_kv.md").read_text()
+    for goal in ("within 2x of SDPA", "at most 1/20 of naive", "at least 50x"):
+        assert goal in report
+    assert (tmp_path / "flash_kv.csv").exists() and (tmp_path / "flash_kv.png").exists()

@@ -48,7 +48,7 @@ def _allowed_block(t0: int, t1: int, s0: int, s1: int, causal: bool, offset: int
                    mask4: np.ndarray | None) -> np.ndarray | None:
     """Which scores of the tile (queries t0:t1, keys s0:s1) are allowed; None = all of them."""
     allowed = None
-    if causal:
+    if causal and s1 - 1 > t0 + offset:  # the diagonal cuts this tile (below it: all allowed)
         t = np.arange(t0, t1)[:, None]  # (bq, 1)
         s = np.arange(s0, s1)[None, :]  # (1, bk)
         allowed = s <= t + offset  # (bq, bk)
@@ -96,10 +96,12 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
                 scores = np.where(allowed, scores, np.array(-np.inf, dtype=dtype))  # (B,h,bq,bk)
             m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))  # (B, h, bq, 1)
             base = np.where(np.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet
-            p = np.exp(scores - base)  # (B, h, bq, bk); masked scores give exactly 0
+            p = np.exp(np.subtract(scores, base, out=scores), out=scores)  # (B,h,bq,bk), in place;
+            # masked scores give exactly 0
             alpha = np.exp(m - base)  # (B, h, bq, 1): rescales what was summed under the old max
             ell = alpha * ell + p.sum(axis=-1, keepdims=True)
-            acc = alpha * acc + p @ v[:, :, s0:s1]  # (B,h,bq,bk) @ (B,h,bk,d_v) -> (B,h,bq,d_v)
+            acc *= alpha
+            acc += p @ v[:, :, s0:s1]  # (B,h,bq,bk) @ (B,h,bk,d_v) -> (B,h,bq,d_v)
             m = m_new
         # one division at the end; a row with nothing allowed (ell = 0) stays 0, like steps.softmax
         out[:, :, t0:t1] = np.divide(acc, ell, out=np.zeros_like(acc), where=ell > 0)
