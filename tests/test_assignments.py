@@ -104,6 +104,21 @@ PLANTED: dict[str, list[Planted]] = {
     ],
 }
 
+PLANTED["A4_kv_cache"] = [
+    planted("mask-top-left", "a4-mask", "k=S - t_new", "k=0", "a4-mask-tests",
+            "top-left alignment: for a chunk after cached keys, query i sits at position "
+            "S - t_new + i"),
+    planted("decode-top-left", "a4-decode", "offset=S - t_new", "offset=0", "a4-decode-tests",
+            "your chunk sees only the first keys: top-left alignment; use offset S - t_new"),
+    planted("decode-before-append", "a4-decode",
+            "    K, V = cache.append(k, v)  # 3) (B, h, S, d_k): the past and the new positions\n",
+            "    S0 = len(cache)\n    K, V = cache.K[:, :, :S0], cache.V[:, :, :S0]  # the past only\n"
+            "    cache.append(k, v)\n", "a4-decode-tests",
+            "append the new keys and values before attending: a token must see itself"),
+    planted("cache-buffer", "a4-cache", "return self.K[:, :, :stop], self.V[:, :, :stop]",
+            "return self.K, self.V", "a4-cache-tests", "you returned the whole buffer"),
+]
+
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
     "A1_seven_steps": ("a1-params", "return 4 * d_model", "while True:\n        pass",
                        "a1-params-tests"),
@@ -112,6 +127,7 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
     "A1_seven_steps": ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests"),
     "A2_pytorch_port": ("a2-mask", "return ~allowed", "return allowed", "a2-mask-tests"),
     "A3_find_the_bug": ("a3-fix-d", "np.tril(", "np.triu(", "a3-fix-d-tests"),
+    "A4_kv_cache": ("a4-mask", "k=S - t_new", "k=0", "a4-mask-tests"),
 }
 
 
@@ -297,6 +313,10 @@ class TestA2(AssignmentContract):
 
 class TestA3(AssignmentContract):
     name = "A3_find_the_bug"
+
+
+class TestA4(AssignmentContract):
+    name = "A4_kv_cache"
 
 
 def test_every_assignment_has_a_contract():
