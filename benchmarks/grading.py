@@ -12,7 +12,6 @@ every test fails at once). Writes benchmarks/results/grading.md.
 from __future__ import annotations
 
 import argparse
-import shutil
 import sys
 import tempfile
 import time
@@ -26,16 +25,6 @@ ROOT = Path(__file__).resolve().parent.parent
 COURSE = ROOT / "notebooks" / "assignments"
 sys.path.insert(0, str(COURSE))
 import course  # noqa: E402
-
-
-def private_copy(tmp: Path) -> Path:
-    """The course's config, tooling and sources in `tmp`."""
-    root = tmp / "course"
-    root.mkdir()
-    for f in ("nbgrader_config.py", "course.py"):
-        shutil.copy(COURSE / f, root / f)
-    shutil.copytree(COURSE / "source", root / "source")
-    return root
 
 
 def time_grading(name: str, students: int, root: Path) -> tuple[float, float]:
@@ -61,7 +50,7 @@ def main() -> int:
     names = args.names or course.assignments(COURSE)
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
-        root = private_copy(Path(tmp))
+        root = course.private_copy(Path(tmp))
         for name in names:
             auto, feedback = time_grading(name, args.students, root)
             rows.append((name, auto, feedback))

@@ -12,7 +12,6 @@ from __future__ import annotations
 import ast
 import csv
 import re
-import shutil
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -210,15 +209,6 @@ class Graded:
         return "\n".join(lines)
 
 
-def _private_course(tmp: Path, name: str) -> Path:
-    root = tmp / "course"
-    (root / "source").mkdir(parents=True)
-    for f in ("nbgrader_config.py", "course.py"):
-        shutil.copy(COURSE / f, root / f)
-    shutil.copytree(COURSE / "source" / name, root / "source" / name)
-    return root
-
-
 class AssignmentContract:
     """One contract, one subclass per assignment (xdist runs the classes in parallel)."""
 
@@ -227,7 +217,7 @@ class AssignmentContract:
     @pytest.fixture(scope="class")
     @classmethod
     def graded(cls, tmp_path_factory) -> Graded:
-        root = _private_course(tmp_path_factory.mktemp(cls.name), cls.name)
+        root = course.private_copy(tmp_path_factory.mktemp(cls.name), [cls.name])
         return Graded(cls.name, root)
 
     def test_source_passes_its_own_tests(self, graded):

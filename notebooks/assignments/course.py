@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -104,6 +105,18 @@ def edited_locked_cells(name: str, student: str, root: Path = ROOT) -> list[str]
             if "grade_id" in meta:
                 found[(path.name, meta["grade_id"])] = cell.source
     return sorted(gid for (nb, gid), src in released.items() if found.get((nb, gid)) != src)
+
+
+def private_copy(dest: Path, names: list[str] | None = None, root: Path = ROOT) -> Path:
+    """A course of its own in dest/course: config, this tooling and the sources of `names`
+    (default all), with no gradebook or submissions; for tests and benchmarks."""
+    copy = dest / "course"
+    (copy / "source").mkdir(parents=True)
+    for f in ("nbgrader_config.py", "course.py"):
+        shutil.copy(root / f, copy / f)
+    for name in names or assignments(root):
+        shutil.copytree(root / "source" / name, copy / "source" / name)
+    return copy
 
 
 def graded_cells(nb) -> dict[str, nbformat.NotebookNode]:
