@@ -189,5 +189,13 @@ def test_explorer_sliders_redraw_in_jupyterlab(browser, lab):
     page.wait_for_function(
         "() => Array.from(document.querySelectorAll('.widget-html-content')).pop()"
         ".textContent.includes('temperature 1 ->')", timeout=60_000)
+
+    before = img.get_attribute("src")  # the mask / bias selector: the last dropdown
+    page.locator(".widget-dropdown select").last.select_option(label="sliding window")
+    wait_for_new_picture(page, before)
+    page.wait_for_function(
+        "() => Array.from(document.querySelectorAll('.widget-html-content')).pop()"
+        ".textContent.includes('changed: pattern none -> window')", timeout=60_000)
+    assert "sliding window: each query sees keys at most 2 positions away" in caption.inner_text()
     page.screenshot(path=str(ARTIFACTS / "browser_07_explorer.png"))
     page.close()

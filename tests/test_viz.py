@@ -280,3 +280,113 @@ def test_head_grid_has_one_shared_colour_bar():
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(bars) == 1 and "exactly 0" in bars[0].get_ylabel()
     plt.close(fig)
+
+
+# The mask / bias selector ------------------------------------------------------------------
+def _module_inputs(d_model=16, h=4, T=7, seed=0):
+    """The explorer's module and tokens: the same seeded draw attention_maps uses."""
+    mha = MultiHeadAttention(d_model, h, seed=seed)
+    x = np.random.default_rng(seed).normal(0.0, 1.0, (1, T, d_model))  # (1, T, d_model)
+    return mha, x
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("pattern", ["window", "padding"])
+def test_mask_patterns_equal_the_module_with_that_mask(pattern, causal):
+    # Independent masks, written out with loops: the module applies them through steps 4-5.
+    T, window, pad = 7, 3, viz.padded(7)
+    allowed = np.zeros((T, T), dtype=bool)
+    for t in range(T):
+        for s in range(T):
+            ok = abs(t - s) < window if pattern == "window" else (t < T - pad and s < T - pad)
+            allowed[t, s] = ok and (s <= t or not causal)
+    got = viz.attention_maps(16, 4, T, causal=causal, pattern=pattern, window=window)
+    mha, x = _module_inputs(T=T)
+    mha(x, mask=allowed)
+    np.testing.assert_allclose(got, mha.attn[0], rtol=0, atol=1e-12)
+    assert np.all(got[:, ~allowed] == 0.0)
+    np.testing.assert_array_equal(viz.explorer_mask(T, causal, pattern, window), allowed)
+
+
+def test_window_with_causal_equals_torch_sdpa_band():
+    import torch
+    import torch.nn.functional as F
+
+    T, window = 9, 3
+    got = viz.attention_maps(16, 2, T, causal=True, pattern="window", window=window)
+    mha, x = _module_inputs(h=2, T=T)
+    q = torch.from_numpy(mha.Wq.T @ x[0].T).T.reshape(T, 2, 8).transpose(0, 1)[None]  # (1,2,T,8)
+    k = torch.from_numpy(mha.Wk.T @ x[0].T).T.reshape(T, 2, 8).transpose(0, 1)[None]  # (1,2,T,8)
+    t = torch.arange(T)
+    band = (t[None, :] <= t[:, None]) & (t[None, :] > t[:, None] - window)  # (T, T)
+    eye = torch.eye(T, dtype=torch.float64).expand(1, 2, T, T)  # v = I makes the output the weights
+    want = F.scaled_dot_product_attention(q, k, eye, attn_mask=band)  # (1, 2, T, T)
+    np.testing.assert_allclose(got, want[0].numpy(), rtol=0, atol=1e-12)
+
+
+def test_alibi_pattern_equals_sdpa_with_the_bias_as_float_mask():
+    import torch
+    import torch.nn.functional as F
+
+    from mha import positions
+
+    T, h = 8, 4
+    got = viz.attention_maps(16, h, T, causal=True, pattern="alibi")
+    mha, x = _module_inputs(h=h, T=T)
+    q = torch.from_numpy(x[0] @ mha.Wq).reshape(T, h, 4).transpose(0, 1)[None]  # (1, h, T, d_k)
+    k = torch.from_numpy(x[0] @ mha.Wk).reshape(T, h, 4).transpose(0, 1)[None]  # (1, h, T, d_k)
+    bias = torch.as_tensor(positions.alibi_bias(h, T))  # (h, T, T)
+    bias = bias.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
+    eye = torch.eye(T, dtype=torch.float64).expand(1, h, T, T)
+    want = F.scaled_dot_product_attention(q, k, eye, attn_mask=bias[None])  # (1, h, T, T)
+    np.testing.assert_allclose(got, want[0].numpy(), rtol=0, atol=1e-12)
+    # ALiBi favours recent keys: the last row puts more weight on the newest key than plain.
+    plain = viz.attention_maps(16, h, T, causal=True)
+    assert (got[:, -1, -1] > plain[:, -1, -1]).all()
+
+
+def test_rope_pattern_uses_rotated_q_and_k():
+    from mha import positions
+
+    T, h = 6, 2
+    got = viz.attention_maps(16, h, T, causal=False, pattern="rope")
+    mha, x = _module_inputs(h=h, T=T)
+    q = positions.rope(steps.split_heads(x @ mha.Wq, h))  # (1, h, T, d_k)
+    k = positions.rope(steps.split_heads(x @ mha.Wk, h))  # (1, h, T, d_k)
+    scores = np.einsum("bhtd,bhsd->bhts", q, k) / np.sqrt(8)  # (1, h, T, T)
+    want = np.exp(scores - scores.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(got, want[0], rtol=0, atol=1e-12)
+    assert not np.allclose(got, viz.attention_maps(16, h, T, causal=False))  # RoPE did something
+
+
+def test_attention_maps_rejects_unknown_pattern_and_odd_rope():
+    with pytest.raises(ValueError, match=r"pattern must be one of .*'window'.*got 'band'"):
+        viz.attention_maps(16, 4, 6, pattern="band")
+    with pytest.raises(ValueError, match="even"):
+        viz.attention_maps(16, 16, 6, pattern="rope")  # d_k = 1
+
+
+def test_explorer_pattern_selector_changes_maps_and_caption(explorer):
+    assert [v for _, v in explorer.controls["pattern"].options] == list(viz.PATTERNS)
+    explorer.controls["causal"].value = True
+    explorer.controls["pattern"].value = "padding"
+    data = np.stack(_heatmaps(explorer.fig))
+    np.testing.assert_array_equal(data, viz.attention_maps(16, 4, 6, True, pattern="padding"))
+    assert np.all(data[:, -2:, :] == 0.0) and np.all(data[:, :, -2:] == 0.0)  # 2 of 6 are <pad>
+    assert "changed: pattern none -> padding" in explorer.caption.value
+    assert "the last 2 token(s) are &lt;pad&gt;" in explorer.caption.value  # escaped HTML
+    # 4 real rows with 1-4 allowed keys: uniform entropy is the mean of log 1..log 4
+    assert f"uniform over the allowed keys: {np.log([1, 2, 3, 4]).mean():.2f}" in explorer.caption.value
+    explorer.controls["pattern"].value = "window"
+    assert "sliding window: each query sees keys at most 2 positions away" in explorer.caption.value
+
+
+def test_explorer_rope_with_odd_d_k_says_why_and_keeps_the_picture(explorer):
+    explorer.controls["n_heads"].value = 16  # d_k = 1
+    png = bytes(explorer.image.value)
+    explorer.controls["pattern"].value = "rope"
+    assert "cannot show this" in explorer.caption.value and "even" in explorer.caption.value
+    assert bytes(explorer.image.value) == png
+    explorer.controls["n_heads"].value = 4  # d_k = 4: RoPE works again
+    assert "RoPE: q and k rotated" in explorer.caption.value

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import html
 import io
 
 import matplotlib.pyplot as plt
@@ -12,7 +13,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
-from . import steps
+from . import masks, positions, steps
 from .numpy_mha import LedgerRow, MultiHeadAttention
 from .validate import require_heads, require_int, shape_of
 
@@ -169,16 +170,54 @@ def divisors(n: int) -> list[int]:
     return [h for h in range(1, n + 1) if n % h == 0]
 
 
+# The explorer's mask / bias selector: what each pattern does, in one line.
+PATTERNS = {
+    "none": "no extra mask or bias",
+    "window": "sliding window: each query sees keys at most {w_1} positions away (itself too)",
+    "padding": "padding: the last {pad} token(s) are <pad>; no query sees them and their rows are 0",
+    "alibi": "ALiBi: a per-head penalty, slope x distance, added to the scores (recent keys win)",
+    "rope": "RoPE: q and k rotated by their positions before the scores (relative positions)",
+}
+
+
+PATTERN_OPTIONS = [("none", "none"), ("sliding window", "window"), ("padding", "padding"),
+                   ("ALiBi", "alibi"), ("RoPE", "rope")]
+
+
+def padded(T: int) -> int:
+    """How many trailing tokens the explorer's padding pattern marks as <pad>: about a third."""
+    return max(1, T // 3)
+
+
+def explorer_mask(T: int, causal: bool, pattern: str = "none", window: int = 3) -> np.ndarray | None:
+    """The boolean (T, T) mask (True = may attend) of the explorer's settings; None = no mask."""
+    allowed = steps.causal_mask(T) if causal else None  # (T, T) staircase
+    extra = None
+    if pattern == "window":  # |t - s| < window; with causal on only the band's past half stays
+        band = masks.sliding_window_mask(T, window)  # (T, T): s in (t - window, t]
+        extra = band | band.T  # (T, T): symmetric band
+    elif pattern == "padding":
+        extra = masks.padding_mask([T - padded(T)], T)[0, 0]  # (T, T): real query -> real key
+    if extra is None:
+        return allowed
+    return extra if allowed is None else masks.combine(allowed, extra)
+
+
 def attention_maps(d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool = True,
-                   temperature: float = 1.0, seed: int = 0) -> np.ndarray:
+                   temperature: float = 1.0, seed: int = 0, pattern: str = "none",
+                   window: int = 3) -> np.ndarray:
     """Attention weights (h, T, T) of a seeded random module on seeded random tokens.
 
     temperature divides the scaled scores before softmax: softmax(q k^T / sqrt(d_k) / temp).
     Below 1 it sharpens every row, above 1 it flattens it; masked weights stay exactly 0.
     Tokens come from one seeded stream, so a longer T keeps the earlier tokens unchanged;
     the projection weights do not depend on n_heads, so changing h regroups the same columns.
+    `pattern` adds one mask or bias from PATTERNS, composed with `causal` (a sliding window
+    with causal on is the usual causal band of `window` keys, the query's own included).
     """
     require_heads(d_model, n_heads)
+    if pattern not in PATTERNS:
+        raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {pattern!r}")
     T = require_int("T", T)
     if isinstance(temperature, bool) or not isinstance(temperature, int | float | np.floating):
         raise TypeError(f"temperature must be a number, got {type(temperature).__name__}")
@@ -189,9 +228,14 @@ def attention_maps(d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool
     zeros = np.zeros(d_model)
     q = steps.split_heads(steps.linear(x, Wq, zeros), n_heads)  # (1, h, T, d_k)
     k = steps.split_heads(steps.linear(x, Wk, zeros), n_heads)  # (1, h, T, d_k)
+    if pattern == "rope":  # rotate q and k by their positions (needs an even d_k)
+        q, k = positions.rope(q), positions.rope(k)  # (1, h, T, d_k) each
     scores = steps.scaled_scores(q, k) / float(temperature)  # (1, h, T, T)
-    if causal:
-        scores = steps.apply_mask(scores, steps.causal_mask(T))  # (1, h, T, T), -inf above
+    if pattern == "alibi":
+        scores = scores + positions.alibi_bias(n_heads, T)[None]  # (1, h, T, T) + (1, h, T, T)
+    allowed = explorer_mask(T, causal, pattern, window)  # None or (T, T)
+    if allowed is not None:
+        scores = steps.apply_mask(scores, allowed)  # (1, h, T, T), -inf where not allowed
     weights = steps.softmax(scores)  # (1, h, T, T)
     return weights[0]  # (h, T, T)
 
@@ -210,7 +254,8 @@ def row_entropy(weights) -> np.ndarray:
     return -(w * logs).sum(axis=-1)
 
 
-def describe(maps, causal: bool, temperature: float) -> str:
+def describe(maps, causal: bool, temperature: float, pattern: str = "none",
+             window: int = 3) -> str:
     """One sentence on what (h, T, T) maps show: exact zeros per head, and how peaked rows are."""
     w = np.asarray(maps)
     if w.ndim != 3:
@@ -219,12 +264,19 @@ def describe(maps, causal: bool, temperature: float) -> str:
     zeros = (w == 0.0).sum(axis=(1, 2))  # (h,): exact zeros per head
     lo, hi = int(zeros.min()), int(zeros.max())
     count = str(lo) if lo == hi else f"{lo}-{hi}"
-    ent = float(row_entropy(w).mean())
-    # entropy of uniform rows: log(number of allowed keys), i.e. log(t + 1) under the mask
-    uniform = float(np.log(np.arange(1, T + 1)).mean()) if causal else float(np.log(S))
+    # Entropies average over rows that may attend somewhere (a padded query's row is all 0);
+    # uniform rows would have log(number of allowed keys).
+    allowed = explorer_mask(T, causal, pattern, window) if T == S else None
+    n_allowed = np.full(T, S) if allowed is None else allowed.sum(axis=-1)  # (T,)
+    live = n_allowed > 0
+    ent = float(row_entropy(w)[:, live].mean())
+    uniform = float(np.log(n_allowed[live]).mean())
     mask = f"causal {'on' if causal else 'off'}: {count} of {T * S} weights per head are exactly 0"
-    return (f"{mask}; temperature {temperature:.3g}: mean row entropy over {h} head(s) "
+    text = (f"{mask}; temperature {temperature:.3g}: mean row entropy over {h} head(s) "
             f"{ent:.2f} nats (uniform over the allowed keys: {uniform:.2f}, one-hot: 0)")
+    if pattern != "none":
+        text += ". " + PATTERNS[pattern].format(w_1=window - 1, pad=padded(T))
+    return text
 
 
 def what_changed(old: dict, new: dict) -> str:
@@ -301,13 +353,13 @@ class AttentionExplorer:
     is a private Agg `Figure`, laid out once and kept (the last few are cached); a slider
     move only puts new numbers into its heatmaps with `set_data`, redraws their pixels
     and sends a PNG to an `ipywidgets.Image`. Controls live in `.controls` (causal,
-    n_heads, T, temperature, head); `.fig` is the figure on screen; the sentence under
-    the plot is `.caption.value`.
+    n_heads, T, temperature, head, and pattern: the mask / bias selector of PATTERNS);
+    `.fig` is the figure on screen; the sentence under the plot is `.caption.value`.
     """
 
     def __init__(self, d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool = True,
                  temperature: float = 1.0, seed: int = 0, max_T: int = 16, dpi: int = 80,
-                 cached_views: int = 6):
+                 cached_views: int = 6, pattern: str = "none", window: int = 3):
         import ipywidgets as widgets
 
         require_heads(d_model, n_heads)
@@ -316,7 +368,10 @@ class AttentionExplorer:
             raise ValueError(f"T must be in [2, max_T={max_T}], got {T}")
         if not 0.1 <= temperature <= 10.0:
             raise ValueError(f"temperature must be in [0.1, 10] (the slider range), got {temperature}")
+        if pattern not in PATTERNS:
+            raise ValueError(f"pattern must be one of {sorted(PATTERNS)}, got {pattern!r}")
         self.d_model, self.seed, self.dpi = d_model, seed, dpi
+        self.window = require_int("window", window)
         self.cached_views = require_int("cached_views", cached_views)
         self.controls = {
             "causal": widgets.Checkbox(value=causal, description="causal mask"),
@@ -328,6 +383,8 @@ class AttentionExplorer:
                                                   readout_format=".2f"),
             "head": widgets.Dropdown(options=self._head_options(n_heads), value=-1,
                                      description="show"),
+            "pattern": widgets.Dropdown(options=PATTERN_OPTIONS, value=pattern,
+                                        description="mask / bias"),
         }
         self.image = widgets.Image(format="png")
         self.caption = widgets.HTML()
@@ -342,7 +399,7 @@ class AttentionExplorer:
         c = self.controls
         self.widget = widgets.VBox([
             widgets.HBox([c["causal"], c["n_heads"], c["head"]]),
-            widgets.HBox([c["T"], c["temperature"]]),
+            widgets.HBox([c["T"], c["temperature"], c["pattern"]]),
             self.image,
             self.caption,
         ])
@@ -380,8 +437,13 @@ class AttentionExplorer:
     def redraw(self) -> None:
         """Recompute the maps from the controls, update the heatmaps and the caption."""
         s = self.state()
-        self.maps = attention_maps(self.d_model, s["n_heads"], s["T"], s["causal"],
-                                   s["temperature"], self.seed)  # (h, T, T)
+        try:
+            maps = attention_maps(self.d_model, s["n_heads"], s["T"], s["causal"],
+                                  s["temperature"], self.seed, s["pattern"], self.window)
+        except ValueError as err:  # e.g. RoPE with an odd d_k: say why, keep the old picture
+            self.caption.value = f"<b style='color:#b00'>cannot show this: {html.escape(str(err))}</b>"
+            return
+        self.maps = maps  # (h, T, T)
         shown = self.maps if s["head"] < 0 else self.maps[s["head"]][None]  # (h or 1, T, T)
         key = (s["n_heads"], s["head"], s["head"] >= 0 or s["T"] <= 8)
         view = self._views.pop(key, None)
@@ -397,8 +459,8 @@ class AttentionExplorer:
         shown_state = {**s, "head": "all" if s["head"] < 0 else s["head"]}
         old, self._state = self._state, shown_state
         changed = "initial view" if old is None else what_changed(old, shown_state)
-        self.caption.value = f"<b>{changed}</b>. " + describe(self.maps, s["causal"],
-                                                              s["temperature"])
+        self.caption.value = f"<b>{changed}</b>. " + html.escape(describe(
+            self.maps, s["causal"], s["temperature"], s["pattern"], self.window))
 
     def _ipython_display_(self) -> None:
         """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
