@@ -570,7 +570,7 @@ def test_flex_attention_has_no_cpu_backward_in_this_torch():
 
 
 # ---- on a CUDA GPU (skipped where there is none, as in CI) ----------------------------------------
-CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a GPU")
 
 
 @CUDA
