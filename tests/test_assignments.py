@@ -118,6 +118,25 @@ PLANTED["A4_kv_cache"] = [
             "return self.K, self.V", "a4-cache-tests", "you returned the whole buffer"),
 ]
 
+PLANTED["A5_backward_pass"] = [
+    planted("softmax-no-outer-product", "a5-softmax", "return weights * (dweights - wg)",
+            "return weights * dweights", "a5-softmax-tests",
+            "matches planted bug 'softmax_no_outer_product'"),
+    planted("mask-grad-into-masked", "a5-mask", "return np.where(allowed, dscores, 0.0)",
+            "return dscores", "a5-mask-tests", "matches planted bug 'mask_backward_skipped'"),
+    planted("linear-dW-transposed", "a5-linear", "dW = x2.T @ g2", "dW = g2.T @ x2",
+            "a5-linear-tests", "matches planted bug 'linear_dW_transposed'"),
+    planted("scores-dk-no-transpose", "a5-scores", "dscores.swapaxes(-1, -2) @ q", "dscores @ q",
+            "a5-scores-tests", "matches planted bug 'scores_backward_dk_no_transpose'"),
+    planted("scores-unscaled", "a5-scores", "scale = math.sqrt(q.shape[-1])", "scale = 1.0",
+            "a5-scores-tests", "matches planted bug 'scores_backward_unscaled'"),
+    planted("backward-ignores-mask", "a5-backward",
+            "allowed = module.allowed(B, T, S, causal, mask)", "allowed = None",
+            "a5-backward-tests", "matches planted bug 'backward_ignores_mask'"),
+    planted("dx-query-path-only", "a5-backward", 'grads["dx"] = dx + dctx_k + dctx_v',
+            'grads["dx"] = dx', "a5-backward-tests", "matches planted bug 'dx_query_path_only'"),
+]
+
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
     "A1_seven_steps": ("a1-params", "return 4 * d_model", "while True:\n        pass",
                        "a1-params-tests"),
@@ -127,6 +146,8 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
     "A2_pytorch_port": ("a2-mask", "return ~allowed", "return allowed", "a2-mask-tests"),
     "A3_find_the_bug": ("a3-fix-d", "np.tril(", "np.triu(", "a3-fix-d-tests"),
     "A4_kv_cache": ("a4-mask", "k=S - t_new", "k=0", "a4-mask-tests"),
+    "A5_backward_pass": ("a5-softmax", "return weights * (dweights - wg)", "return weights * dweights",
+                         "a5-softmax-tests"),
 }
 
 
@@ -307,6 +328,10 @@ class TestA3(AssignmentContract):
 
 class TestA4(AssignmentContract):
     name = "A4_kv_cache"
+
+
+class TestA5(AssignmentContract):
+    name = "A5_backward_pass"
 
 
 def test_every_assignment_has_a_contract():

@@ -119,3 +119,23 @@ def test_steps_reject_bad_shapes(rng):
         steps.merge_heads(rng.normal(size=(2, 3, 4)))
     with _raises(TypeError, "scores must be a floating-point array (float32 or float64), got dtype int64"):
         steps.softmax(np.ones((2, 2), dtype=np.int64))
+
+
+def test_numpy_lessons_and_grading_do_not_import_torch():
+    """Graded A5 kernels import mha.grad: loading torch there cost ~3 s per submission."""
+    import subprocess
+    import sys
+
+    code = ("import sys, mha.grad, mha.masks, mha.diagnose, mha.numpy_mha; "
+            "print(sorted(m for m in sys.modules if m == 'torch'))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", f"importing the numpy modules loaded torch: {out.stdout}"
+
+
+def test_is_torch_tells_tensors_from_arrays():
+    import numpy as np
+    import torch
+
+    from mha.validate import is_torch
+
+    assert is_torch(torch.zeros(2)) and not is_torch(np.zeros(2)) and not is_torch([0.0])

@@ -74,12 +74,14 @@ import numpy as np
 from . import masks, steps
 from .diagnose import Diagnosis
 from .numpy_mha import MultiHeadAttention
-from .validate import require_float, require_heads, require_shape, shape_of
-
-try:  # torch is optional for the numpy half of the package
-    import torch
-except ImportError:  # pragma: no cover - torch is in requirements.txt
-    torch = None
+from .validate import (  # torch is imported lazily
+    is_torch,
+    require_float,
+    require_heads,
+    require_shape,
+    shape_of,
+    torch,
+)
 
 Array = Any
 """A numpy array or a torch tensor: the step backwards accept either and return the same kind."""
@@ -88,8 +90,7 @@ _REAL_SOFTMAX = steps.softmax  # the cases' weights stay right while a forward b
 _HEADS = (("B", None), ("h", None), ("T", None), ("d_k", None))  # any (B, h, T, d_k)
 
 
-def _is_torch(a: Any) -> bool:
-    return torch is not None and isinstance(a, torch.Tensor)
+_is_torch = is_torch
 
 
 def _like(shape: tuple[int, ...]) -> tuple:

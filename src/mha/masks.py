@@ -27,16 +27,9 @@ from typing import Any
 import numpy as np
 
 from .steps import causal_mask, softmax
-from .validate import require_int, shape_of
+from .validate import is_torch, require_int, shape_of, torch  # torch is imported lazily
 
-try:  # torch is optional for the numpy half of the package
-    import torch
-except ImportError:  # pragma: no cover - torch is in requirements.txt
-    torch = None
-
-
-def _is_torch(x: Any) -> bool:
-    return torch is not None and isinstance(x, torch.Tensor)
+_is_torch = is_torch
 
 
 def check_lengths(lengths: Any, max_len: int, name: str = "lengths", B: int | None = None):

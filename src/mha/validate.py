@@ -10,6 +10,8 @@ tensors go through the same checks (the numpy and torch modules share them).
 
 from __future__ import annotations
 
+import importlib
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -151,3 +153,23 @@ def mask_shape(mask: Any, B: int, h: int, T: int, S: int) -> tuple[int, int, int
     if len(got) == 4 and got[0] in (1, B) and got[1] in (1, h) and got[2:] == (T, S):
         return got  # type: ignore[return-value]
     raise ValueError(f"mask must be {allowed}, got {got}")
+
+
+class LazyModule:
+    """A module imported on first attribute access: numpy-only work never pays for torch."""
+
+    def __init__(self, name: str):
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(importlib.import_module(self._name), attr)
+
+
+torch = LazyModule("torch")
+"""`torch`, imported the first time a torch-only branch needs it (a tensor was passed in)."""
+
+
+def is_torch(x: Any) -> bool:
+    """True for a torch.Tensor; never imports torch (no tensor can exist before torch is loaded)."""
+    loaded = sys.modules.get("torch")
+    return loaded is not None and isinstance(x, loaded.Tensor)
