@@ -148,7 +148,7 @@ def wait_for_new_picture(page, before: str) -> None:
 def test_explorer_sliders_redraw_in_jupyterlab(browser, lab):
     """Tick 'causal' and move the temperature slider: the picture and the caption follow."""
     ARTIFACTS.mkdir(exist_ok=True)
-    page, cells = run_all(browser, lab, "07_merge_and_output.ipynb")
+    page, cells = run_all(browser, lab, "08_merge_and_output.ipynb")
     assert errors_in(cells) == []
     img = page.locator("img.widget-image").last
     # JupyterLab renders only cells near the viewport and widget views render

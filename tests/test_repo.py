@@ -55,7 +55,7 @@ def test_requirements_point_at_a_readme_heading_that_exists():
 def test_every_lesson_has_a_try_it_with_a_self_check_before_its_answer():
     import nbformat
 
-    for stem in NOTEBOOKS[1:]:  # 00 is the map, 01-09 are lessons
+    for stem in NOTEBOOKS[1:]:  # 00 is the map, every other notebook is a lesson
         cells = nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
         start = next((i for i, c in enumerate(cells)
                       if c.cell_type == "markdown" and "## Try it" in c.source), None)

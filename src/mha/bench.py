@@ -1,4 +1,4 @@
-"""Timing, FLOP and memory helpers shared by `benchmarks/sdpa_backends.py` and notebook 09.
+"""Timing, FLOP and memory helpers shared by `benchmarks/sdpa_backends.py` and notebook 11.
 
 Shape legend: B batch, h heads, T query length, S key length, d_k head width.
 Nothing here asserts a time: CPU timings on shared machines swing 2-5x between runs,

@@ -53,7 +53,7 @@ Checking gradients:
         graders; `.check()` raises AssertionError(message) when not ok.
 
 Why the 1/sqrt(d_k): `score_gradient_norms(d_k, scaled, wrt="scores")` measures ||dL/dscores||
-(or ||dL/dq||) per row for unit-variance q and k, with and without the scale (notebook 13 plots it).
+(or ||dL/dq||) per row for unit-variance q and k, with and without the scale (notebook 15 plots it).
 
 Planted wrong gradients, like `mha.planted` for the forward (`BACKWARD_BUGS`: name -> what is
 wrong). `with bug(name):` swaps one into `backward`; `backward_with(name)` returns a backward
@@ -169,7 +169,7 @@ def softmax_backward(dweights: Array, weights: Array) -> Array:
     require_float("weights", weights)
     require_float("dweights", dweights)
     require_shape("dweights", dweights, _like(shape_of(weights)))
-    # One row's Jacobian is diag(w) - w w^T (notebook 13). Applied to g it needs no (S, S) matrix:
+    # One row's Jacobian is diag(w) - w w^T (notebook 15). Applied to g it needs no (S, S) matrix:
     # diag(w) g = w * g, and w w^T g = w * (w . g), with w . g one number per row
     wg = (weights * dweights).sum(-1, keepdims=True)  # (B, h, T, 1): w . g of every row
     # A fully masked row has w = 0 everywhere, so it gets 0 (no division, so no NaN)

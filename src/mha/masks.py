@@ -206,7 +206,7 @@ def masked_mean(values: Any, valid: Any):
 
 # ---- the fill value, measured -----------------------------------------------------------------------
 FILLS = ("-inf", "-1e9", "finfo.min")
-"""The fill values notebook 12 compares, by name (`fill_value` turns a name into a number)."""
+"""The fill values notebook 14 compares, by name (`fill_value` turns a name into a number)."""
 
 FILL_SCORES = np.array([18.0, 2.5, 24.0, -3.0])
 """One row of scores for `fill_value_effects`: keys 2 and 3 are masked, the highest score among them."""
