@@ -10,15 +10,18 @@ LAB_ARGS ?=
 JOBS   ?= 2
 NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 COURSE    := notebooks/assignments
+SITE      := _site
+REPORTS   := .ci-reports
 # nbgrader's JupyterLab menus are for teachers: `make lab` hides them unless TEACHER=1.
 TEACHER ?= 0
 
-.PHONY: lab test lint unit notebooks demo bench assignments grade report nbgrader-ui clean help
+.PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
-	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook"
+	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook + the site"
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
+	@echo "make site       render the series as a static website in $(SITE)/ (open $(SITE)/index.html)"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
 	@echo "make assignments  build the students' versions of the graded assignments"
@@ -60,16 +63,29 @@ lab: $(VENV)/.lab-installed nbgrader-ui
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
 	  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: $(VENV)/.dev-installed lint unit
+test: $(VENV)/.dev-installed lint unit site-test
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests notebooks $(wildcard benchmarks)
 
-# Unit tests and every notebook in one pytest run, so one summary line covers all.
+# Unit tests and every notebook in one pytest run, so one summary line covers all. Its junit
+# report gives the site's checks page each notebook's runtime; the site's own browser test
+# runs after the site is built (site-test).
 unit: $(VENV)/.dev-installed nbgrader-ui
-	$(BIN)/python -m pytest tests $(NOTEBOOKS) \
+	@mkdir -p $(REPORTS)
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) --ignore=tests/test_site.py \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
-	  -n $(JOBS) --dist loadscope $(PYTEST_ARGS)
+	  -n $(JOBS) --dist loadscope --junitxml=$(REPORTS)/junit.xml $(PYTEST_ARGS)
+
+# The series as a static website in $(SITE)/ (nbconvert, every asset served locally).
+site: $(VENV)/.dev-installed
+	$(BIN)/python -m mha.site $(SITE) --junit $(REPORTS)/junit.xml
+
+# Open the built site in headless Chromium (index -> lesson 08 -> 09, checks page), offline.
+site-test: site
+	@mkdir -p $(REPORTS)
+	SITE_DIR=$(SITE) $(BIN)/python -m pytest tests/test_site.py \
+	  --junitxml=$(REPORTS)/junit-site.xml $(PYTEST_ARGS)
 
 notebooks: $(VENV)/.dev-installed
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace \
@@ -95,4 +111,4 @@ demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis $(SITE)

@@ -17,11 +17,18 @@ def main(path: str) -> int:
                 allowed += 1
             else:
                 bad.append(f"{case.get('classname')}::{case.get('name')}: {reason}")
-    print(f"skip gate: {allowed} GPU-only skip(s) allowed, {len(bad)} unexpected")
+    cases = sum(1 for _ in ET.parse(path).getroot().iter("testcase"))
+    if cases == 0:
+        print(f"skip gate: {path} holds no test at all")
+        return 1
+    print(f"skip gate ({path}): {cases} tests, {allowed} GPU-only skip(s) allowed, "
+          f"{len(bad)} unexpected")
     for line in bad:
         print("  unexpected skip:", line)
     return 1 if bad else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1]))
+    if len(sys.argv) < 2:
+        sys.exit("usage: check_skips.py JUNIT.xml [JUNIT.xml ...]")
+    sys.exit(max(main(path) for path in sys.argv[1:]))

@@ -156,7 +156,7 @@ def test_explorer_sliders_redraw_in_jupyterlab(browser, lab):
     deadline = time.monotonic() + 90
     while page.locator("img.widget-image").count() == 0:
         if time.monotonic() > deadline:
-            page.screenshot(path=str(ARTIFACTS / "browser_07_no_widget.png"))
+            page.screenshot(path=str(ARTIFACTS / "browser_08_no_widget.png"))
             keys = [list(o.get("data", {})) for c in page.evaluate(CODE_CELLS) for o in c["outputs"]
                     if "explorer" in str(o.get("data", {}).get("text/plain", ""))]
             raise AssertionError(f"the explorer widget never rendered; outputs {keys}; "
@@ -198,5 +198,5 @@ def test_explorer_sliders_redraw_in_jupyterlab(browser, lab):
         ".textContent.includes('changed: pattern none -> window')", timeout=60_000)
     wait_for_new_picture(page, before)
     assert "sliding window: each query sees keys at most 2 positions away" in caption.inner_text()
-    page.screenshot(path=str(ARTIFACTS / "browser_07_explorer.png"))
+    page.screenshot(path=str(ARTIFACTS / "browser_08_explorer.png"))
     page.close()
