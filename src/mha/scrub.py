@@ -8,7 +8,6 @@ the snapshots so a student watches the maps sharpen. Heatmaps come from
 
 from __future__ import annotations
 
-import base64
 import html
 import io
 
@@ -20,7 +19,7 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from .train import History
 from .validate import require_int
-from .viz import plot_heads
+from .viz import display_with_png_fallback, plot_heads
 
 
 # ---- the block --------------------------------------------------------------------------------
@@ -210,12 +209,5 @@ class TrainingScrubber:
 
     def _ipython_display_(self) -> None:
         """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
-        from IPython.display import display
-
-        bundle = self.widget._repr_mimebundle_()
-        if not bundle:
-            display(self.widget)
-            return
-        bundle["image/png"] = base64.b64encode(bytes(self.image.value)).decode("ascii")
-        bundle["text/plain"] = "training scrubber (run the notebook in Jupyter to move the slider)"
-        display(bundle, raw=True)
+        display_with_png_fallback(self.widget, self.image,
+                                  "training scrubber (run the notebook in Jupyter to move the slider)")

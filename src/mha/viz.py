@@ -346,6 +346,20 @@ class _HeatmapView:
         return buf.getvalue()
 
 
+def display_with_png_fallback(widget, image, text: str) -> None:
+    """Display a widget whose picture is `image` (an ipywidgets.Image), so that viewers
+    without a widget manager (GitHub, nbviewer) still show that picture and `text`."""
+    from IPython.display import display
+
+    bundle = widget._repr_mimebundle_()
+    if not bundle:
+        display(widget)
+        return
+    bundle["image/png"] = base64.b64encode(bytes(image.value)).decode("ascii")
+    bundle["text/plain"] = text
+    display(bundle, raw=True)
+
+
 class AttentionExplorer:
     """Sliders over live attention heatmaps; display it (or its `.widget`) in Jupyter.
 
@@ -464,15 +478,8 @@ class AttentionExplorer:
 
     def _ipython_display_(self) -> None:
         """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
-        from IPython.display import display
-
-        bundle = self.widget._repr_mimebundle_()
-        if not bundle:
-            display(self.widget)
-            return
-        bundle["image/png"] = base64.b64encode(bytes(self.image.value)).decode("ascii")
-        bundle["text/plain"] = "attention explorer (run the notebook in Jupyter to move the sliders)"
-        display(bundle, raw=True)
+        display_with_png_fallback(self.widget, self.image,
+                                  "attention explorer (run the notebook in Jupyter to move the sliders)")
 
 
 def explorer(**kwargs) -> AttentionExplorer:
