@@ -79,22 +79,28 @@ def _torch_step(name: str, args: tuple):
     raise AssertionError(name)
 
 
-@pytest.mark.parametrize("backend", ["numpy", "torch"])
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: tensors on the GPU")
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch", pytest.param("cuda", marks=CUDA)])
 @pytest.mark.parametrize("name", sorted(grad.STEPS))
 def test_step_backward_equals_torch_autograd(name, backend):
     for case, args in grad._step_cases(name, np.random.default_rng(5)):
         out, leaves = _torch_step(name, args)
         out.backward(torch.from_numpy(args[0]))
         want = [leaf.grad.numpy() for leaf in leaves]
+        device = "cuda" if backend == "cuda" else "cpu"
         call = args if backend == "numpy" else tuple(
-            torch.from_numpy(a) if isinstance(a, np.ndarray) and a.dtype != bool else a for a in args)
+            torch.from_numpy(a).to(device) if isinstance(a, np.ndarray) and a.dtype != bool else a
+            for a in args)
         got = getattr(grad, name)(*call)
         got = got if isinstance(got, tuple) else (got,)
         assert len(got) == len(want), f"{name}: {len(got)} outputs, autograd has {len(want)}"
         for label, g, w in zip(grad.STEPS[name][1], got, want, strict=True):
-            if backend == "torch":
+            if backend != "numpy":
                 assert isinstance(g, torch.Tensor), f"{name} on tensors returned {type(g)}"
-                g = g.numpy()
+                assert g.device.type == device, f"{name} moved its result to {g.device}"
+                g = g.cpu().numpy()
             assert not np.isnan(g).any(), f"{name} [{case}]: {label} has NaN"
             np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-13, err_msg=f"{name} [{case}] {label}")
 
