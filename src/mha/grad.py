@@ -689,10 +689,6 @@ STEPS: dict[str, tuple[int, tuple[str, ...]]] = {
 Case = tuple[str, tuple]  # (what the case is, positional arguments)
 
 
-def _softmax(z: np.ndarray) -> np.ndarray:
-    return _REAL_SOFTMAX(z)
-
-
 def _step_cases(name: str, rng: np.random.Generator) -> list[Case]:
     """Named input cases for one step backward, ordinary first, edge cases after."""
     n = rng.normal
@@ -722,17 +718,17 @@ def _step_cases(name: str, rng: np.random.Generator) -> list[Case]:
         dead = causal.copy()
         dead[0, 1, 2, :] = -np.inf  # (batch 0, head 1, query 2): nothing to attend to
         return [("ordinary weights (2, 3, 4, 6)",
-                 (n(size=(2, 3, 4, 6)), _softmax(n(size=(2, 3, 4, 6))))),
+                 (n(size=(2, 3, 4, 6)), _REAL_SOFTMAX(n(size=(2, 3, 4, 6))))),
                 ("peaked weights (scores in the tens)",
-                 (n(size=(2, 3, 4, 6)), _softmax(10 * n(size=(2, 3, 4, 6))))),
+                 (n(size=(2, 3, 4, 6)), _REAL_SOFTMAX(10 * n(size=(2, 3, 4, 6))))),
                 ("causal weights: exact zeros above the diagonal",
-                 (n(size=(2, 3, 5, 5)), _softmax(causal))),
-                ("a fully masked row (all its weights 0)", (n(size=(2, 3, 5, 5)), _softmax(dead)))]
+                 (n(size=(2, 3, 5, 5)), _REAL_SOFTMAX(causal))),
+                ("a fully masked row (all its weights 0)", (n(size=(2, 3, 5, 5)), _REAL_SOFTMAX(dead)))]
     if name == "weighted_sum_backward":
         return [("dheads (2, 3, 5, 4), weights (2, 3, 5, 5), v (2, 3, 5, 4)",
-                 (n(size=(2, 3, 5, 4)), _softmax(n(size=(2, 3, 5, 5))), n(size=(2, 3, 5, 4)))),
+                 (n(size=(2, 3, 5, 4)), _REAL_SOFTMAX(n(size=(2, 3, 5, 5))), n(size=(2, 3, 5, 4)))),
                 ("dheads (2, 3, 5, 4), weights (2, 3, 5, 7), v (2, 3, 7, 4): T != S",
-                 (n(size=(2, 3, 5, 4)), _softmax(n(size=(2, 3, 5, 7))), n(size=(2, 3, 7, 4))))]
+                 (n(size=(2, 3, 5, 4)), _REAL_SOFTMAX(n(size=(2, 3, 5, 7))), n(size=(2, 3, 7, 4))))]
     raise ValueError(f"unknown step {name!r}; expected one of {sorted(STEPS)}")
 
 
