@@ -13,6 +13,11 @@ c.CourseDirectory.course_id = "attention-by-hand"
 # The gradebook is a local sqlite file, never committed (it holds students' grades).
 c.CourseDirectory.db_url = "sqlite:///" + os.path.join(HERE, "gradebook.db")
 
+# The exchange (release / fetch / submit / collect between Unix users on one machine or a
+# hub). Every user's nbgrader must agree on this folder and the course id; the hub's
+# student config (hub/) sets the same two. Override with NBGRADER_EXCHANGE_ROOT.
+c.Exchange.root = os.environ.get("NBGRADER_EXCHANGE_ROOT", "/srv/nbgrader/exchange")
+
 # What a student sees in place of the solution.
 c.ClearSolutions.code_stub = {"python": "# YOUR CODE HERE\nraise NotImplementedError()"}
 c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
