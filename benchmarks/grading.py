@@ -1,17 +1,20 @@
-"""How long `make grade` takes for a class: N submissions of each assignment, one run.
+"""How long `make grade` takes for a class: N students x every assignment, at 1 and more workers.
 
-    python benchmarks/grading.py --students 30            # all assignments
-    python benchmarks/grading.py --students 5 A1_seven_steps
+    python benchmarks/grading.py --students 40                 # 40 x 5, at 1 and 2 workers
+    python benchmarks/grading.py --students 5 --workers 2 A1   # a quick look
 
 Works on a private copy of the course (source/ and tooling only), so the real gradebook
 and submitted/ are never touched. Half the class hands in the model solution, half the
 untouched release (the two ends of the runtime: every hidden test runs to the end vs.
-every test fails at once). Writes benchmarks/results/grading.md.
+every test fails at once). Each run is the whole of `course.grade`: autograding in
+private worker copies, merging into the gradebook, feedback pages and reports. Writes
+benchmarks/results/grading.md.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import tempfile
 import time
@@ -27,42 +30,44 @@ sys.path.insert(0, str(COURSE))
 import course  # noqa: E402
 
 
-def time_grading(name: str, students: int, root: Path) -> tuple[float, float]:
-    """Seconds to autograde `students` submissions of `name`, then to write their feedback."""
-    course.release([name], root)
-    model = course.model_submission(name, root)
-    blank = nbformat.read(root / "release" / name / f"{name}.ipynb", as_version=4)
-    for i in range(students):
-        course.submit(name, f"student{i:02d}", model if i % 2 == 0 else blank, root)
-    start = time.perf_counter()
-    course.nbgrader("autograde", name, "--force", root=root)
-    graded = time.perf_counter()
-    course.nbgrader("generate_feedback", name, "--force", root=root)
-    return graded - start, time.perf_counter() - graded
+def time_class(names: list[str], students: int, workers: int) -> float:
+    """Seconds for course.grade over `students` submissions of each of `names`."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = course.private_copy(Path(tmp), names)
+        course.release(names, root)
+        for name in names:
+            model = course.model_submission(name, root)
+            blank = nbformat.read(root / "release" / name / f"{name}.ipynb", as_version=4)
+            for i in range(students):
+                course.submit(name, f"student{i:02d}", model if i % 2 == 0 else blank, root)
+        start = time.perf_counter()
+        course.grade(names, root, workers=workers)
+        return time.perf_counter() - start
 
 
 def main() -> int:
-    """Time each assignment and write a markdown table under benchmarks/results/."""
+    """Time the class at each worker count and write a markdown table under benchmarks/results/."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--students", type=int, default=30)
+    ap.add_argument("--students", type=int, default=40)
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, os.cpu_count() or 1])
     ap.add_argument("names", nargs="*")
     args = ap.parse_args()
-    names = args.names or course.assignments(COURSE)
+    names = course.resolve(args.names, COURSE) if args.names else course.assignments(COURSE)
+    n = args.students * len(names)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        root = course.private_copy(Path(tmp))
-        for name in names:
-            auto, feedback = time_grading(name, args.students, root)
-            rows.append((name, auto, feedback))
-            print(f"{name}: {args.students} submissions autograded in {auto:.0f} s "
-                  f"({auto / args.students:.1f} s each), feedback in {feedback:.0f} s")
-    lines = [f"# Autograding time, {args.students} submissions per assignment", "",
-             f"Machine: {machine_line()}. One run of `benchmarks/grading.py` (half model "
-             f"solutions, half untouched releases); nbgrader runs submissions one at a time.", "",
-             "| assignment | autograde | per submission | feedback HTML |", "|---|---|---|---|"]
-    lines += [f"| {n} | {a:.0f} s | {a / args.students:.1f} s | {f:.0f} s |" for n, a, f in rows]
-    lines.append(f"| all | {sum(a for _, a, _ in rows):.0f} s | | "
-                 f"{sum(f for *_, f in rows):.0f} s |")
+    for w in sorted(set(args.workers)):
+        seconds = time_class(names, args.students, w)
+        rows.append((w, seconds))
+        print(f"{n} submissions ({args.students} x {len(names)}) on {w} worker(s): "
+              f"{seconds:.0f} s ({seconds / n:.2f} s each)")
+    base = rows[0][1]
+    lines = [f"# Grading time: {args.students} students x {len(names)} assignments", "",
+             f"Machine: {machine_line()}. One run of `benchmarks/grading.py` per row (half model "
+             f"solutions, half untouched releases), each the whole of `course.grade`: autograde "
+             f"in private worker copies, merge into the gradebook, feedback pages, reports.", "",
+             "| workers | submissions | total | per submission | speed-up |", "|---|---|---|---|---|"]
+    lines += [f"| {w} | {n} | {s:.0f} s ({s / 60:.1f} min) | {s / n:.2f} s | {base / s:.2f}x |"
+              for w, s in rows]
     out = ROOT / "benchmarks" / "results" / "grading.md"
     out.write_text("\n".join(lines) + "\n")
     print(f"wrote {out}")

@@ -76,6 +76,8 @@ PLANTED: dict[str, list[Planted]] = {
                 "ignores causal=True"),
         planted("rows-nan-pass", "a1-rows", "bool(np.all(np.abs(sums - 1.0) <= atol))",
                 "not np.any(np.abs(sums - 1.0) > atol)", "a1-rows-tests", "row of NaN"),
+        planted("forward-no-bias", "a1-forward", " + module.b", "", "a1-forward-tests",
+                "with every bias left out"),
         planted("causal-no-control", "a1-causal",
                 "return not np.array_equal(out[:, t], forward_fn(present)[:, t])", "return True",
                 "a1-causal-tests", "control case"),
@@ -97,9 +99,6 @@ PLANTED: dict[str, list[Planted]] = {
                 "a3-fix-a-tests", "matches planted bug 'merge_no_transpose'"),
         planted("fix-d-triu", "a3-fix-d", "np.tril(", "np.triu(", "a3-fix-d-tests",
                 "matches planted bug 'anti_causal_mask'"),
-        planted("fix-b-calls-package", "a3-fix-b", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
-                "return steps.scaled_scores(q, k)", "a3-fix-b-tests",
-                "instead of doing the step itself"),
     ],
 }
 
@@ -114,6 +113,8 @@ PLANTED["A4_kv_cache"] = [
             "    S0 = len(cache)\n    K, V = cache.K[:, :, :S0], cache.V[:, :, :S0]  # the past only\n"
             "    cache.append(k, v)\n", "a4-decode-tests",
             "append the new keys and values before attending: a token must see itself"),
+    planted("decode-no-bias", "a4-decode", ", module.b", ", 0.0", "a4-decode-tests",
+            "tokens"),
     planted("cache-buffer", "a4-cache", "return self.K[:, :, :stop], self.V[:, :, :stop]",
             "return self.K, self.V", "a4-cache-tests", "you returned the whole buffer"),
 ]
@@ -137,6 +138,82 @@ PLANTED["A5_backward_pass"] = [
             'grads["dx"] = dx', "a5-backward-tests", "matches planted bug 'dx_query_path_only'"),
 ]
 
+# Reaching for the reference: the part earns nothing and the summary names student, part and
+# the reference reached. (student, cell, old, new, part, reference named in the summary)
+CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
+    "A1_seven_steps": [
+        ("cheat-wrapper", "a1-softmax", "    row_max = scores.max(axis=-1, keepdims=True)  # (..., 1)\n",
+         "    from mha import steps\n    return steps.softmax(scores)\n", "a1-softmax-tests",
+         "mha.steps.softmax"),
+        ("cheat-bound-at-import", "a1-split", "def split_heads(x, n_heads):",
+         "from mha.steps import split_heads\n\n\ndef _unused(x, n_heads):", "a1-split-tests",
+         "mha.steps.split_heads"),
+        ("cheat-partial", "a1-mask", "def causal_mask(T):",
+         "import functools\n\nfrom mha import steps as st\n\ncausal_mask = functools.partial("
+         "st.causal_mask)\n\n\ndef _unused(T):", "a1-mask-tests", "mha.steps.causal_mask"),
+        ("cheat-other-module", "a1-scores", "    d_k = q.shape[-1]\n",
+         "    from mha import diagnose as d\n    return d._REAL['scaled_scores'](q, k)\n",
+         "a1-scores-tests", "mha.steps.scaled_scores"),
+        ("cheat-module-forward", "a1-forward", "    h = module.n_heads\n",
+         "    return module(x, causal=causal)\n", "a1-forward-tests",
+         "mha.numpy_mha.MultiHeadAttention.__call__"),
+        ("cheat-checks", "a1-rows", "    sums = np.sum(weights, axis=-1)\n",
+         "    from mha import checks\n    try:\n        checks.check_rows_sum_to_one(weights, atol)\n"
+         "        return True\n    except AssertionError:\n        return False\n",
+         "a1-rows-tests", "mha.checks.check_rows_sum_to_one"),
+    ],
+    "A2_pytorch_port": [
+        ("cheat-converter", "a2-load", "    pairs = [",
+         "    return torch_module.load_numpy_(np_module)\n    pairs = [", "a2-load-tests",
+         "load_numpy_"),
+        ("cheat-mask-helper", "a2-mask", "    return ~allowed",
+         "    from mha import masks\n    return masks.combine(~allowed)", "a2-mask-tests",
+         "mha.masks"),
+    ],
+    "A3_find_the_bug": [
+        ("cheat-fix-calls-package", "a3-fix-b", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
+         "return steps.scaled_scores(q, k)", "a3-fix-b-tests", "mha.steps.scaled_scores"),
+        ("cheat-fix-real", "a3-fix-a", "def fix_A(x):",
+         "from mha import diagnose\n\nfix_A = diagnose._REAL['merge_heads']\n\n\ndef _unused(x):",
+         "a3-fix-a-tests", "mha.steps.merge_heads"),
+    ],
+    "A4_kv_cache": [
+        ("cheat-decode-step", "a4-decode", "    h, t_new = module.n_heads, x_new.shape[1]\n",
+         "    from mha import kv_cache\n    return kv_cache.decode_step(module, cache, x_new)\n",
+         "a4-decode-tests", "decode_step"),
+        ("cheat-mask", "a4-mask", "return np.tril(np.ones((t_new, S), dtype=bool), k=S - t_new)",
+         "return steps.causal_mask(t_new, S, offset=S - t_new)", "a4-mask-tests",
+         "mha.steps.causal_mask"),
+    ],
+    "A5_backward_pass": [
+        ("cheat-step-backward", "a5-softmax", "    return weights * (dweights - wg)",
+         "    from mha import grad as g\n    return g.softmax_backward(dweights, weights)",
+         "a5-softmax-tests", "mha.grad.softmax_backward"),
+        ("cheat-whole-backward", "a5-backward", "    h = module.n_heads\n",
+         "    from mha import grad as g\n    return g.backward(module, x, dout, context=context, "
+         "causal=causal, mask=mask)\n", "a5-backward-tests", "backward"),
+    ],
+}
+
+# Correct work in other styles, and what must not cost points.
+KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, new)
+    "A1_seven_steps": [
+        ("numpy-bools", "a1-rows", "return bool(np.all(np.abs(sums - 1.0) <= atol))",
+         "return np.all(np.abs(sums - 1.0) <= atol)"),
+        ("minus-1e9", "a1-forward", "scores, -np.inf)  # 4) future -> -inf", "scores, -1e9)"),
+        ("einsum-style", "a1-scores", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
+         "return np.einsum('bhtd,bhsd->bhts', q, k) / np.sqrt(d_k)"),
+    ],
+}
+
+# A part that does not compile costs only its own points; later parts run on the reference.
+BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only part lost)
+    "A1_seven_steps": ("a1-split", "    B, T, d_model = x.shape\n", "    B, T, d_model = x.shape)\n",
+                       "a1-split-tests"),
+    "A5_backward_pass": ("a5-softmax", "    return weights * (dweights - wg)",
+                         "    return weights * (dweights - wg", "a5-softmax-tests"),
+}
+
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
     "A1_seven_steps": ("a1-params", "return 4 * d_model", "while True:\n        pass",
                        "a1-params-tests"),
@@ -154,8 +231,21 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
 def _edit(src: str, p: Planted) -> str:
     if p.student == "forward-w-transposed":
         return re.sub(r"module\.(W[qkvo])", r"module.\1.T", src)
+    if p.student == "forward-no-bias":
+        return re.sub(r" \+ module\.b[qkvo]", "", src)
+    if p.student == "decode-no-bias":
+        return re.sub(r", module\.(b[qkvo])\)", r", 0 * module.\1)", src)
     assert p.old in src, f"planted edit {p.student}: {p.old!r} not in cell {p.cell}"
     return src.replace(p.old, p.new)
+
+
+def _submit_edit(name: str, full, student: str, cell: str, old: str, new: str, root: Path):
+    nb = nbformat.from_dict(full)
+    c = course.graded_cells(nb)[cell]
+    assert old in c.source, f"{student}: {old!r} not in cell {cell}"
+    c.source = c.source.replace(old, new)
+    course.submit(name, student, nb, root=root)
+    return nb
 
 
 def _course(*args: str, root: Path) -> subprocess.CompletedProcess:
@@ -181,6 +271,18 @@ class Graded:
             cell = course.graded_cells(nb)[p.cell]
             cell.source = _edit(cell.source, p)
             course.submit(name, p.student, nb, root=root)
+        for student, cell, old, new, *_ in CHEATS.get(name, []) + KEEPS.get(name, []):
+            _submit_edit(name, full, student, cell, old, new, root)
+        if name in BROKEN:
+            cell, old, new, _ = BROKEN[name]
+            _submit_edit(name, full, "syntax-error", cell, old, new, root)
+        if name == "A1_seven_steps":  # a deleted test cell, and its part broken
+            nb = nbformat.from_dict(full)
+            course.graded_cells(nb)["a1-mask"].source = course.graded_cells(nb)["a1-mask"] \
+                .source.replace("np.tril(", "np.triu(")
+            nb.cells = [c for c in nb.cells
+                        if c.metadata.get("nbgrader", {}).get("grade_id") != "a1-mask-tests"]
+            course.submit(name, "deleted-test", nb, root=root)
         if name in LOOPS:
             gid, old, new, _ = LOOPS[name]
             nb = nbformat.from_dict(full)
@@ -213,6 +315,10 @@ class Graded:
         full = self.scores["full"]
         return {p for p, (s, _, manual) in self.scores[student].items()
                 if not manual and s < full[p][0]}
+
+    def feedback_html(self, student: str) -> str:
+        """The feedback page the student reads."""
+        return (self.root / "feedback" / student / self.name / f"{self.name}.html").read_text()
 
     def feedback(self, student: str) -> str:
         """The error lines the student's feedback shows ("Name: message"), one per line.
@@ -287,6 +393,23 @@ class AssignmentContract:
         assert all(line.split("|")[-2].strip() == "-" for line in graded.summary.splitlines()
                    if line.startswith("| full |")), "an honest submission is never reported"
 
+    def test_reaching_for_the_reference_earns_nothing_and_is_flagged(self, graded):
+        assert CHEATS[self.name], "each assignment needs cheating-style submissions"
+        flagged = graded.summary.split("reached the package's reference")[-1]
+        for student, _, _, _, part, ref in CHEATS[self.name]:
+            assert graded.scores[student][part][0] == 0, f"{student}: {part} must score 0"
+            lost = graded.lost(student)
+            assert lost == {part}, f"{student}: lost {sorted(lost)}, expected only {part}"
+            line = " ".join(ln for ln in flagged.splitlines() if f"**{student}**" in ln)
+            assert part in line and ref in line, \
+                f"summary must flag {student}, {part} and {ref}; it says {line!r}"
+        honest = [ln for ln in flagged.splitlines() if "**full**" in ln]
+        assert not honest, f"an honest submission is flagged: {honest}"
+
+    def test_correct_work_in_other_styles_keeps_every_point(self, graded):
+        for student, *_ in KEEPS.get(self.name, []):
+            assert graded.lost(student) == set(), f"{student} lost {sorted(graded.lost(student))}"
+
     def test_points_in_the_intro_match_the_grader(self, graded):
         intro = graded.source.cells[0].source
         stated = sum(int(n) for line in intro.splitlines()
@@ -308,14 +431,53 @@ class AssignmentContract:
                     f"{gid} ends in an expression: nbgrader would read its value as partial credit"
 
 
-class TestA1(AssignmentContract):
+class CombinedPart:
+    """For assignments with a part built from earlier parts (A1's forward, A5's backward)."""
+
+    name = ""
+
+    def test_a_part_that_does_not_compile_costs_only_its_points(self, graded):
+        *_, part = BROKEN[self.name]
+        assert graded.lost("syntax-error") == {part}, graded.lost("syntax-error")
+        assert "in its place" in graded.feedback_html("syntax-error"), \
+            "the feedback must say that the later part ran with the reference"
+
+
+class TestA1(CombinedPart, AssignmentContract):
     name = "A1_seven_steps"
+
+    def test_the_first_screen_of_feedback_for_three_mistakes(self, graded):
+        """Screenshots (.ci-reports/feedback/) of what three students see first; the
+        diagnosis is in the summary table at the top, whole."""
+        import feedback
+
+        if not Path(feedback.CHROMIUM).exists():
+            pytest.skip("needs Debian chromium (CI installs it)")
+        out = ROOT / ".ci-reports" / "feedback"
+        out.mkdir(parents=True, exist_ok=True)
+        for student, words in [("softmax-no-max", "exp overflowed"),
+                               ("forward-mask-after-softmax", "rows sum to"),
+                               ("loops", "ran past 30 s")]:
+            page = graded.feedback_html(student)
+            top = page.split("<table", 1)[1].split("</table>", 1)[0]
+            assert words in top, f"{student}: the summary table does not say {words!r}"
+            feedback.screenshot(page_path := graded.root / "feedback" / student / graded.name /
+                                f"{graded.name}.html", out / f"A1-{student}.png")
+            assert page_path.exists() and (out / f"A1-{student}.png").stat().st_size > 10_000
+
+    def test_a_deleted_test_cell_is_restored_graded_and_reported(self, graded):
+        assert graded.lost("deleted-test") == {"a1-mask-tests"}
+        assert graded.scores["deleted-test"]["a1-mask-tests"][1] == 2, "still worth its points"
+        row = next(ln for ln in graded.summary.splitlines() if ln.startswith("| deleted-test |"))
+        assert "a1-mask-tests" in row.split("|")[-2], row
+        assert "was deleted; it was restored" in graded.feedback_html("deleted-test")
 
     def test_a_part_that_loops_forever_is_cut_off_and_the_rest_graded(self, graded):
         *_, test = LOOPS[self.name]
         assert graded.lost("loops") == {test}
         assert "CellTimeoutError" in graded.feedback("loops") or \
             "KeyboardInterrupt" in graded.feedback("loops")
+        assert "ran past 30 s" in graded.feedback_html("loops"), "say it in words, not KeyboardInterrupt"
 
 
 class TestA2(AssignmentContract):
@@ -330,7 +492,7 @@ class TestA4(AssignmentContract):
     name = "A4_kv_cache"
 
 
-class TestA5(AssignmentContract):
+class TestA5(CombinedPart, AssignmentContract):
     name = "A5_backward_pass"
 
 

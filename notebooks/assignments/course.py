@@ -1,12 +1,17 @@
 """Release and grade the Attention by Hand assignments with nbgrader, headless.
 
-    python course.py release [A1_seven_steps ...]   # source/ -> release/ (+ gradebook)
-    python course.py grade   [A1_seven_steps ...]   # submitted/ -> autograded/, feedback/, reports/
-    python course.py report  [A1_seven_steps ...]   # feedback/ and reports/ again, after hand grading
+    python course.py release [A1 ...]                       # source/ -> release/ (+ gradebook)
+    python course.py grade   [A1 ...] [--student S ...] [--workers N]
+                                                            # submitted/ -> autograded/, feedback/, reports/
+    python course.py report  [A1 ...] [--student S ...]     # feedback/ and reports/ again, after hand grading
 
-`make assignments`, `make grade` and `make report` call these. With no names, every assignment in source/.
-Reports (reports/): nbgrader's grades.csv, grades_by_part.csv (one row per student, assignment
-and graded part) and summary.md, which also lists submissions whose locked cells were edited.
+`make assignments`, `make grade` and `make report` call these. With no names, every assignment
+in source/ (A1 is short for A1_seven_steps); with no --student, every student who handed it in.
+Grading runs on all cores: each worker grades its share in a private copy of the course (its
+own copy of the gradebook), and only this process writes the real gradebook, one submission
+at a time, keeping grades given by hand. Reports (reports/) always cover everything in the
+gradebook: grades.csv (nbgrader's export), grades_by_part.csv and summary.md, which also
+flags graded code that reached the package's reference and restored locked cells.
 """
 
 from __future__ import annotations
@@ -14,10 +19,14 @@ from __future__ import annotations
 import argparse
 import csv
 import os
+import re
 import shutil
+import sqlite3
 import subprocess
 import sys
+import tempfile
 import time
+from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -30,6 +39,26 @@ ROOT = Path(__file__).resolve().parent
 def assignments(root: Path = ROOT) -> list[str]:
     """Every assignment in source/, in order (A1_..., A2_..., ...)."""
     return sorted(p.name for p in (root / "source").iterdir() if (p / f"{p.name}.ipynb").exists())
+
+
+def resolve(names: list[str], root: Path = ROOT) -> list[str]:
+    """Full assignment names for what a teacher typed: 'A1' or 'A1_seven_steps'."""
+    known = assignments(root)
+    out = []
+    for n in names:
+        hits = [a for a in known if a == n or a.split("_")[0] == n]
+        if len(hits) != 1:
+            raise SystemExit(f"unknown assignment {n!r}; source/ has {', '.join(known)}")
+        out.append(hits[0])
+    return out
+
+
+def cell_timeout(root: Path = ROOT) -> float:
+    """The per-cell time limit nbgrader_config.py sets (c.Execute.timeout)."""
+    from traitlets.config.loader import PyFileConfigLoader
+
+    cfg = PyFileConfigLoader("nbgrader_config.py", path=str(root)).load_config()
+    return float(cfg.Execute.get("timeout", 30))
 
 
 def nbgrader(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
@@ -69,42 +98,74 @@ class Part:
     score: float
     max_score: float
     needs_manual_grade: bool
+    manual: bool = False  # a written answer, graded by hand
+    comment: str = ""  # the teacher's comment on it
 
 
-def parts(name: str, root: Path = ROOT) -> list[Part]:
-    """Per-part scores of every graded submission of `name`, from the gradebook."""
-    from nbgrader.api import Gradebook
+def parts(name: str, root: Path = ROOT, students: list[str] | None = None) -> list[Part]:
+    """Per-part scores of the graded submissions of `name` in the gradebook (all, or `students`)."""
+    from nbgrader.api import Gradebook, MissingEntry
 
     rows = []
     with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
-        for student in students_with(name, root):
-            submission = gb.find_submission(name, student)
+        try:
+            subs = gb.assignment_submissions(name)
+        except MissingEntry:
+            return []
+        for submission in sorted(subs, key=lambda s: s.student.id):
+            student = submission.student.id
+            if students is not None and student not in students:
+                continue
             for notebook in submission.notebooks:
+                comments = {c.name: c.manual_comment or "" for c in notebook.comments}
                 for g in sorted(notebook.grades, key=lambda g: g.cell_id):
+                    manual = g.cell.cell_type == "markdown"
                     rows.append(Part(student, name, g.name, float(g.score), float(g.max_score),
-                                     bool(g.needs_manual_grade)))
+                                     bool(g.needs_manual_grade), manual,
+                                     comments.get(g.name, "")))
     return rows
+
+
+def _cells_by_id(path: Path) -> dict[str, nbformat.NotebookNode]:
+    """The cells nbgrader tracks in the notebook at `path`, by grade_id."""
+    return graded_cells(nbformat.read(path, as_version=4)) if path.exists() else {}
 
 
 def edited_locked_cells(name: str, student: str, root: Path = ROOT) -> list[str]:
     """grade_ids of locked cells (tests, instructions) the student changed or deleted.
 
-    nbgrader restores them from the gradebook before grading, so an edit cannot raise a
-    grade; listing them tells the teacher who tried (or who broke a cell by accident).
+    They are restored from the source before grading (deleted ones put back in place), so
+    an edit cannot raise a grade; listing them tells the teacher who tried (or who broke a
+    cell by accident).
     """
-    released = {}
-    for path in (root / "release" / name).glob("*.ipynb"):
-        for cell in nbformat.read(path, as_version=4).cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if meta.get("locked"):
-                released[(path.name, meta["grade_id"])] = cell.source
-    found = {}
-    for path in (root / "submitted" / student / name).glob("*.ipynb"):
-        for cell in nbformat.read(path, as_version=4).cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if "grade_id" in meta:
-                found[(path.name, meta["grade_id"])] = cell.source
-    return sorted(gid for (nb, gid), src in released.items() if found.get((nb, gid)) != src)
+    released = _cells_by_id(root / "release" / name / f"{name}.ipynb")
+    found = _cells_by_id(root / "submitted" / student / name / f"{name}.ipynb")
+    return sorted(gid for gid, cell in released.items()
+                  if cell.metadata["nbgrader"].get("locked")
+                  and (gid not in found or found[gid].source != cell.source))
+
+
+def repaired(submission: nbformat.NotebookNode, release: nbformat.NotebookNode
+             ) -> tuple[nbformat.NotebookNode, list[str]]:
+    """The submission with every tracked cell it lacks put back from the release, in place.
+
+    nbgrader restores the source of locked cells it finds, but a deleted test cell would be
+    an ungradable item: put back, it is graded like any other (a deleted answer cell comes
+    back as its empty stub). Returns (notebook, grade_ids put back).
+    """
+    have = graded_cells(submission)
+    nb = nbformat.from_dict(submission)
+    back = []
+    for i, cell in enumerate(release.cells):
+        gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+        if gid is None or gid in have:
+            continue
+        before = [c.metadata.get("nbgrader", {}).get("grade_id") for c in release.cells[:i]]
+        ids = [c.metadata.get("nbgrader", {}).get("grade_id") for c in nb.cells]
+        at = next((ids.index(b) + 1 for b in reversed(before) if b in ids), 0)
+        nb.cells.insert(at, nbformat.from_dict(cell))
+        back.append(gid)
+    return nb, back
 
 
 def private_copy(dest: Path, names: list[str] | None = None, root: Path = ROOT) -> Path:
@@ -112,7 +173,7 @@ def private_copy(dest: Path, names: list[str] | None = None, root: Path = ROOT) 
     (default all), with no gradebook or submissions; for tests and benchmarks."""
     copy = dest / "course"
     (copy / "source").mkdir(parents=True)
-    for f in ("nbgrader_config.py", "course.py"):
+    for f in ("nbgrader_config.py", "course.py", "feedback.py"):
         shutil.copy(root / f, copy / f)
     for name in names or assignments(root):
         shutil.copytree(root / "source" / name, copy / "source" / name)
@@ -146,93 +207,340 @@ def submit(name: str, student: str, nb, root: Path = ROOT) -> Path:
     return folder / f"{name}.ipynb"
 
 
-def grade(names: list[str], root: Path = ROOT) -> list[Part]:
-    """Autograde every submission of `names`, then write feedback, CSVs and the summary."""
-    todo = [n for n in names if students_with(n, root)]
-    if not todo:
+# ---- grading ---------------------------------------------------------------------------------
+def _prepare_worker(dest: Path, jobs: list[tuple[str, str]], root: Path) -> Path:
+    """A private course for one worker: config, sources, releases, a copy of the gradebook,
+    and its students' submissions with deleted tracked cells put back."""
+    dest.mkdir(parents=True)
+    shutil.copy(root / "nbgrader_config.py", dest / "nbgrader_config.py")
+    shutil.copy(root / "gradebook.db", dest / "gradebook.db")
+    for name in sorted({n for n, _ in jobs}):
+        for folder in ("source", "release"):
+            shutil.copytree(root / folder / name, dest / folder / name)
+    for name, student in jobs:
+        src = root / "submitted" / student / name
+        shutil.copytree(src, dest / "submitted" / student / name)
+        nb_path = dest / "submitted" / student / name / f"{name}.ipynb"
+        if nb_path.exists():
+            release = nbformat.read(root / "release" / name / f"{name}.ipynb", as_version=4)
+            nb, back = repaired(nbformat.read(nb_path, as_version=4), release)
+            if back:
+                nbformat.write(nb, nb_path)
+    return dest
+
+
+def _run_worker(dest: Path, share: list[tuple[str, str]], bar) -> None:
+    """Autograde every submission in one worker's course, assignment by assignment."""
+    for name in sorted({n for n, _ in share}):
+        nbgrader("autograde", name, "--force", root=dest)
+        bar.update(sum(n == name for n, _ in share))
+
+
+def _hand_grades(db: sqlite3.Connection, name: str, student: str) -> dict[str, tuple]:
+    """{grade_id: (manual_score, manual_comment)} for the hand-graded cells of one submission."""
+    rows = db.execute("""
+        SELECT bc.name, g.manual_score, c.manual_comment FROM grade g
+        JOIN base_cell bc ON bc.id = g.cell_id
+        JOIN submitted_notebook sn ON sn.id = g.notebook_id
+        JOIN submitted_assignment sa ON sa.id = sn.assignment_id
+        JOIN assignment a ON a.id = sa.assignment_id
+        LEFT JOIN comment c ON c.notebook_id = g.notebook_id AND c.cell_id IN
+            (SELECT id FROM base_cell WHERE name = bc.name AND notebook_id = bc.notebook_id)
+        WHERE a.name = ? AND sa.student_id = ? AND g.manual_score IS NOT NULL""",
+                      (name, student)).fetchall()
+    return {gid: (score, comment) for gid, score, comment in rows}
+
+
+def _merge(worker_db: Path, jobs: list[tuple[str, str]], root: Path,
+           answers_before: dict[tuple[str, str], dict[str, str]]) -> None:
+    """Copy one worker's grades into the real gradebook, one submission per transaction.
+
+    A grade given by hand survives when the student's answer to that cell is unchanged;
+    a changed answer goes back to "to grade".
+    """
+    db = sqlite3.connect(root / "gradebook.db", timeout=60)
+    try:
+        db.execute("ATTACH DATABASE ? AS w", (str(worker_db),))
+        for name, student in jobs:
+            with db:  # one transaction: the gradebook never holds half a submission
+                kept = _hand_grades(db, name, student)
+                aid = db.execute("SELECT id FROM assignment WHERE name = ?", (name,)).fetchone()[0]
+                db.execute("INSERT OR IGNORE INTO main.student SELECT * FROM w.student "
+                           "WHERE id = ?", (student,))
+                sa = "SELECT id FROM {db}.submitted_assignment WHERE assignment_id = ? AND student_id = ?"
+                sn = f"SELECT id FROM {{db}}.submitted_notebook WHERE assignment_id IN ({sa})"
+                for table in ("grade", "comment"):
+                    db.execute(f"DELETE FROM main.{table} WHERE notebook_id IN "
+                               f"({sn.format(db='main')})", (aid, student))
+                db.execute(f"DELETE FROM main.submitted_notebook WHERE assignment_id IN "
+                           f"({sa.format(db='main')})", (aid, student))
+                db.execute("DELETE FROM main.submitted_assignment WHERE assignment_id = ? "
+                           "AND student_id = ?", (aid, student))
+                db.execute("INSERT INTO main.submitted_assignment SELECT * FROM "
+                           "w.submitted_assignment WHERE assignment_id = ? AND student_id = ?",
+                           (aid, student))
+                db.execute(f"INSERT INTO main.submitted_notebook SELECT * FROM "
+                           f"w.submitted_notebook WHERE assignment_id IN ({sa.format(db='w')})",
+                           (aid, student))
+                for table in ("grade", "comment"):
+                    db.execute(f"INSERT INTO main.{table} SELECT * FROM w.{table} WHERE "
+                               f"notebook_id IN ({sn.format(db='w')})", (aid, student))
+                now = _cells_by_id(root / "autograded" / student / name / f"{name}.ipynb")
+                before = answers_before.get((name, student), {})
+                for gid, (score, comment) in kept.items():
+                    if gid in now and gid in before and now[gid].source == before[gid]:
+                        cell = ("SELECT bc.id FROM base_cell bc JOIN notebook n ON n.id = "
+                                "bc.notebook_id WHERE n.assignment_id = ? AND bc.name = ?")
+                        db.execute(f"UPDATE main.grade SET manual_score = ?, needs_manual_grade = 0 "
+                                   f"WHERE cell_id IN ({cell}) AND notebook_id IN "
+                                   f"({sn.format(db='main')})", (score, aid, gid, aid, student))
+                        db.execute(f"UPDATE main.comment SET manual_comment = ? WHERE cell_id IN "
+                                   f"({cell}) AND notebook_id IN ({sn.format(db='main')})",
+                                   (comment, aid, gid, aid, student))
+        db.execute("DETACH DATABASE w")
+    finally:
+        db.close()
+
+
+def _check_folders(names: list[str], root: Path) -> list[str]:
+    """Plain-words warnings for autograded/ folders the gradebook does not know."""
+    from nbgrader.api import Gradebook
+
+    warnings = []
+    with Gradebook(f"sqlite:///{root / 'gradebook.db'}") as gb:
+        known = {s.id for s in gb.students}
+    for name in names:
+        for folder in sorted((root / "autograded").glob(f"*/{name}")):
+            student = folder.parent.name
+            if student not in known:
+                warnings.append(
+                    f"autograded/{student}/{name} exists but the gradebook has no student "
+                    f"{student!r} (removed from the gradebook?): it is left out of the reports. "
+                    f"Regrade it with `make grade A={name.split('_')[0]} STUDENT={student}` or "
+                    f"delete the folder.")
+    return warnings
+
+
+def _balanced(jobs: list[tuple[str, str]], workers: int) -> list[list[tuple[str, str]]]:
+    """Split (assignment, student) jobs into `workers` shares of about equal time."""
+    cost = {"A2": 3.0, "A4": 3.0, "A3": 2.5}  # torch imports and A3's probes (measured)
+    shares: list[list[tuple[str, str]]] = [[] for _ in range(workers)]
+    load = [0.0] * workers
+    for job in sorted(jobs, key=lambda j: -cost.get(j[0][:2], 1.5)):
+        i = load.index(min(load))
+        shares[i].append(job)
+        load[i] += cost.get(job[0][:2], 1.5)
+    return [s for s in shares if s]
+
+
+def grade(names: list[str], root: Path = ROOT, students: list[str] | None = None,
+          workers: int | None = None) -> list[Part]:
+    """Autograde the submissions of `names` (all students, or `students`) on `workers`
+    processes, merge them into the gradebook, then write feedback, CSVs and the summary."""
+    jobs = [(n, s) for n in names for s in students_with(n, root)
+            if students is None or s in students]
+    if not jobs:
         print(f"nothing to grade: put each submission at {root / 'submitted'}/STUDENT/"
-              f"ASSIGNMENT/ASSIGNMENT.ipynb (assignments: {', '.join(names)})")
+              f"ASSIGNMENT/ASSIGNMENT.ipynb (assignments: {', '.join(names)}"
+              + (f"; students: {', '.join(students)}" if students else "") + ")")
         return []
     started = time.perf_counter()
-    for name in tqdm(todo, desc="autograde", unit="assignment"):
-        if not (root / "release" / name).exists():
-            release([name], root)
-        nbgrader("autograde", name, "--force", root=root)
-    return report(todo, root, time.perf_counter() - started)
+    missing = [n for n in sorted({n for n, _ in jobs}) if not (root / "release" / n).exists()]
+    if missing or not (root / "gradebook.db").exists():
+        release(missing or sorted({n for n, _ in jobs}), root)
+    workers = max(1, min(workers or os.cpu_count() or 1, len(jobs)))
+    shares = _balanced(jobs, workers)
+    answers_before = {(n, s): {gid: c.source for gid, c in _cells_by_id(
+        root / "autograded" / s / n / f"{n}.ipynb").items()} for n, s in jobs}
+    with tempfile.TemporaryDirectory(prefix="grading-") as tmp:
+        dests = [_prepare_worker(Path(tmp) / f"worker{i}", share, root)
+                 for i, share in enumerate(shares)]
+        with ThreadPoolExecutor(len(shares)) as pool, \
+                tqdm(total=len(jobs), desc=f"autograde ({len(shares)} workers)",
+                     unit="submission") as bar:
+            futures = [pool.submit(_run_worker, dest, share, bar)
+                       for dest, share in zip(dests, shares, strict=True)]
+            for fut in futures:
+                fut.result()  # re-raise a worker's failure here, with nbgrader's log
+        for dest, share in zip(dests, shares, strict=True):
+            for name, student in share:
+                got = dest / "autograded" / student / name
+                if not got.exists():
+                    continue
+                shutil.rmtree(root / "autograded" / student / name, ignore_errors=True)
+                shutil.copytree(got, root / "autograded" / student / name)
+            _merge(dest / "gradebook.db", share, root, answers_before)
+    seconds = time.perf_counter() - started
+    return report(sorted({n for n, _ in jobs}), root, seconds,
+                  students=sorted({s for _, s in jobs}), workers=len(shares))
 
 
-def report(names: list[str], root: Path = ROOT, seconds: float | None = None) -> list[Part]:
-    """Feedback HTML, grades CSVs and summary.md from the gradebook as it is now.
+# ---- feedback and reports ---------------------------------------------------------------------
+_REFERENCE = re.compile(r"\[reference used: ([\w.<>]+)\]")
+
+
+def reference_used(name: str, student: str, root: Path = ROOT) -> dict[str, list[str]]:
+    """{grade_id of a test cell: [package references its graded code reached]}."""
+    path = root / "autograded" / student / name / f"{name}.ipynb"
+    found: dict[str, list[str]] = {}
+    for gid, cell in _cells_by_id(path).items():
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "error":
+                refs = _REFERENCE.findall(out.get("evalue", ""))
+                if refs:
+                    found[gid] = sorted(set(found.get(gid, [])) | set(refs))
+    return found
+
+
+def _notes(name: str, student: str, root: Path) -> list[str]:
+    """What the feedback says before the parts: restored cells, parts graded with a stand-in."""
+    notes = []
+    submitted = root / "submitted" / student / name / f"{name}.ipynb"
+    release = root / "release" / name / f"{name}.ipynb"
+    if submitted.exists() and release.exists():
+        have = _cells_by_id(submitted)
+        for gid in edited_locked_cells(name, student, root):
+            how = "deleted" if gid not in have else "edited"
+            notes.append(f"The locked cell {gid} was {how}; it was restored from the original "
+                         f"before grading, and graded as usual.")
+        rel = _cells_by_id(release)
+        for gid, cell in rel.items():
+            meta = cell.metadata["nbgrader"]
+            if meta.get("solution") and gid not in have:
+                notes.append(f"The answer cell {gid} was deleted; it was put back empty.")
+    path = root / "autograded" / student / name / f"{name}.ipynb"
+    for gid, cell in _cells_by_id(path).items():
+        for out in cell.get("outputs", []):
+            if out.get("output_type") == "stream":
+                notes += [f"{gid}: {line[len('note: '):]}" for line in out.get("text", "").splitlines()
+                          if line.startswith("note: ")]
+    return notes
+
+
+def _feedback_one(args: tuple) -> str:
+    """Write one student's feedback page (runs in a worker process)."""
+    import feedback
+
+    name, student, root, part_rows, timeout_s = args
+    auto = root / "autograded" / student / name
+    out = root / "feedback" / student / name
+    out.mkdir(parents=True, exist_ok=True)
+    results = [feedback.PartResult(p.part, None if (p.manual and p.needs_manual_grade) else p.score,
+                                   p.max_score, p.manual, p.comment) for p in part_rows]
+    feedback.write(auto / f"{name}.ipynb", out / f"{name}.html", results, student=student,
+                   assignment=name, timeout_s=timeout_s, notes=_notes(name, student, root))
+    for extra in ("timestamp.txt", "submission_secret.txt"):  # what release_feedback reads
+        if (auto / extra).exists():
+            shutil.copy(auto / extra, out / extra)
+    return student
+
+
+def report(names: list[str], root: Path = ROOT, seconds: float | None = None,
+           students: list[str] | None = None, workers: int | None = None) -> list[Part]:
+    """Feedback for `names` (all students, or `students`), then grades CSVs and summary.md for
+    everything in the gradebook.
 
     Run it again after grading the written answers by hand (formgrader): it keeps those
     grades, and the feedback then shows them with your comments.
     """
-    todo = [n for n in names if students_with(n, root)]
-    rows: list[Part] = []
-    tampered: dict[tuple[str, str], list[str]] = {}
-    for name in tqdm(todo, desc="feedback", unit="assignment"):
-        nbgrader("generate_feedback", name, "--force", root=root)
-        rows += parts(name, root)
-        for student in students_with(name, root):
-            edited = edited_locked_cells(name, student, root)
-            if edited:
-                tampered[(student, name)] = edited
+    warnings = _check_folders(names, root)
+    for w in warnings:
+        print(f"warning: {w}")
+    timeout_s = cell_timeout(root)
+    todo = []
+    for name in names:
+        rows = parts(name, root, students)
+        for student in sorted({r.student for r in rows}):
+            if (root / "autograded" / student / name / f"{name}.ipynb").exists():
+                todo.append((name, student, root, [r for r in rows if r.student == student],
+                             timeout_s))
+    if todo:
+        with ProcessPoolExecutor(max(1, min(workers or os.cpu_count() or 1, len(todo)))) as pool:
+            list(tqdm(pool.map(_feedback_one, todo), total=len(todo), desc="feedback",
+                      unit="submission"))
+    everything = [r for name in assignments(root) for r in parts(name, root)]
     reports = root / "reports"
     reports.mkdir(exist_ok=True)
     nbgrader("export", "--to", str(reports / "grades.csv"), root=root)
+    flags = {(s, n): reference_used(n, s, root) for s, n in {(r.student, r.assignment)
+                                                              for r in everything}}
     with open(reports / "grades_by_part.csv", "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(["student", "assignment", "part", "score", "max_score", "needs_manual_grade"])
-        for r in rows:
+        w.writerow(["student", "assignment", "part", "score", "max_score", "needs_manual_grade",
+                    "graded_by", "reference_used"])
+        for r in everything:
             w.writerow([r.student, r.assignment, r.part, r.score, r.max_score,
-                        r.needs_manual_grade])
-    summary = _summary(rows, tampered, seconds)
+                        r.needs_manual_grade, "hand" if r.manual else "autograder",
+                        " ".join(flags[(r.student, r.assignment)].get(r.part, []))])
+    restored = {(s, n): edited_locked_cells(n, s, root) for s, n in flags}
+    summary = _summary(everything, restored, flags, seconds, warnings, workers, len(todo))
     (reports / "summary.md").write_text(summary)
     print(summary)
-    return rows
+    return [r for r in everything if r.assignment in names
+            and (students is None or r.student in students)]
 
 
-def _summary(rows: list[Part], tampered: dict[tuple[str, str], list[str]],
-             seconds: float | None) -> str:
-    """A markdown table: autograded score per student and assignment, and what needs a look."""
+def _summary(rows: list[Part], restored: dict[tuple[str, str], list[str]],
+             flags: dict[tuple[str, str], dict[str, list[str]]], seconds: float | None,
+             warnings: list[str], workers: int | None, regraded: int) -> str:
+    """Markdown: per student and assignment the autograded score, hand grades apart, parts
+    lost, references reached and restored cells; then the flags on their own lines."""
     cells: dict[tuple[str, str], list[Part]] = {}
     for r in rows:
         cells.setdefault((r.student, r.assignment), []).append(r)
-    timing = "" if seconds is None else f", autograded in {seconds:.0f} s"
-    lines = [f"# Grades ({len(cells)} submissions{timing})", "",
-             "| student | assignment | autograded | to grade by hand | parts lost | edited locked cells |",
-             "|---|---|---|---|---|---|"]
+    timing = "" if seconds is None else (f"; this run graded {regraded} in {seconds:.0f} s on "
+                                         f"{workers} worker(s)")
+    lines = [f"# Grades ({len(cells)} submissions in the gradebook{timing})", "",
+             "| student | assignment | autograded | by hand | parts lost | reference used | "
+             "locked cells restored |", "|---|---|---|---|---|---|---|"]
     for (student, name), ps in sorted(cells.items()):
-        auto = [p for p in ps if not p.needs_manual_grade]
-        manual = [p for p in ps if p.needs_manual_grade]
+        auto = [p for p in ps if not p.manual]
+        manual = [p for p in ps if p.manual]
+        todo = [p for p in manual if p.needs_manual_grade]
+        done = [p for p in manual if not p.needs_manual_grade]
+        hand = (f"{sum(p.score for p in done):g} / {sum(p.max_score for p in done):g}"
+                if done else "-")
+        if todo:
+            hand += f" ({len(todo)} to grade, {sum(p.max_score for p in todo):g} pts)"
         lost = [p.part for p in auto if p.score < p.max_score]
+        refs = flags.get((student, name), {})
+        student = student.replace("|", "\\|")
         lines.append(
             f"| {student} | {name} | {sum(p.score for p in auto):g} / "
-            f"{sum(p.max_score for p in auto):g} | {len(manual)} answer(s), "
-            f"{sum(p.max_score for p in manual):g} pts | {', '.join(lost) or '-'} | "
-            f"{', '.join(tampered.get((student, name), [])) or '-'} |")
+            f"{sum(p.max_score for p in auto):g} | {hand} | {', '.join(lost) or '-'} | "
+            f"{', '.join(sorted(refs)) or '-'} | "
+            f"{', '.join(restored.get((student, name), [])) or '-'} |")
+    flagged = [f"- **{s}**, {n}, part `{gid}`: reached `{ref}`"
+               for (s, n), refs in sorted(flags.items()) for gid, rs in sorted(refs.items())
+               for ref in rs]
+    if flagged:
+        lines += ["", "## Graded code that reached the package's reference (0 points for the part)",
+                  ""] + flagged
+    if warnings:
+        lines += ["", "## Warnings", ""] + [f"- {w}" for w in warnings]
     lines += ["", "Feedback for each student: feedback/STUDENT/ASSIGNMENT/*.html. Written answers "
-              "are graded in the formgrader (see README.md)."]
+              "are graded in the formgrader (see README.md); `make report` then updates this page."]
     return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
-    """Command line: release or grade."""
+    """Command line: release, grade or report."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("command", choices=["release", "grade", "report"])
-    ap.add_argument("names", nargs="*", help="assignments (default: all in source/)")
+    ap.add_argument("names", nargs="*", help="assignments, e.g. A1 or A1_seven_steps (default: all)")
+    ap.add_argument("--student", action="append", default=None,
+                    help="only this student (repeat for several; default: everyone)")
+    ap.add_argument("--workers", type=int, default=None,
+                    help="grading processes (default: one per CPU core)")
     args = ap.parse_args(argv)
-    names = args.names or assignments()
-    unknown = sorted(set(names) - set(assignments()))
-    if unknown:
-        ap.error(f"unknown assignment(s) {unknown}; source/ has {assignments()}")
+    names = resolve(args.names) if args.names else assignments()
     if args.command == "release":
         release(names)
         print(f"released {', '.join(names)} into {ROOT / 'release'}")
     elif args.command == "grade":
-        grade(names)
+        grade(names, students=args.student, workers=args.workers)
     else:
-        report(names)
+        report(names, students=args.student)
     return 0
 
 

@@ -16,6 +16,7 @@ much, and names no cause: a wrong name would send a student the wrong way.
 
 from __future__ import annotations
 
+import inspect
 import math
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
@@ -24,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from . import planted
+from . import integrity, planted
 from . import steps as ref_steps
 from .validate import shape_of
 
@@ -387,20 +388,69 @@ def compare(name: str, fn: Callable, *args) -> Diagnosis:
                                 f"reference on {case}", STEPS[name], cases=(case,))
 
 
-@contextmanager
 def reference_steps(namespace: dict, names=tuple(STEPS)) -> Iterator[list[str]]:
     """Within the block, names in `namespace` that are steps are the reference steps.
 
     Graders use it to judge a student's forward on its own: a mistake in an earlier part
-    (say split_heads) then costs points only in that part. Yields the names it replaced.
+    (say split_heads) then costs points only in that part. A step the forward needs that is
+    missing (its cell failed to run, or it was renamed) is put in too, and a note says so.
+    Yields the names it replaced or added.
     """
-    swapped = [n for n in names if n in namespace]
-    saved = {n: namespace[n] for n in swapped}
+    return _swapped_in(namespace, {n: _REAL[n] for n in names}, needed=_FORWARD_NEEDS)
+
+
+_FORWARD_NEEDS = ("split_heads", "merge_heads", "scaled_scores", "causal_mask", "softmax")
+"""The steps a student's forward (A1) calls by name: put in when missing."""
+
+
+@contextmanager
+def _swapped_in(namespace: dict, refs: Mapping[str, Callable],
+                needed: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    """Names in `namespace` (and missing ones from `needed`) set to `refs` within the block."""
+    present = [n for n in refs if n in namespace]
+    missing = [n for n in needed if n in refs and n not in namespace]
+    for n in missing:
+        print(f"note: {n} is not defined (did its cell fail to run, or was it renamed?): this "
+              f"part runs with the reference {n} in its place, so only {n}'s own part loses "
+              f"points")
+    saved = {n: namespace[n] for n in present}
     try:
-        namespace.update({n: _REAL[n] for n in swapped})
-        yield swapped
+        namespace.update({n: refs[n] for n in present + missing})
+        yield present + missing
     finally:
+        for n in missing:
+            namespace.pop(n, None)
         namespace.update(saved)
+
+
+def swapped_in(namespace: dict, refs: Mapping[str, Callable], needed: tuple[str, ...] = ()):
+    """`reference_steps` for any parts: `refs` maps names to the reference for each (A5)."""
+    return _swapped_in(namespace, refs, needed)
+
+
+def as_bool(value: Any, what: str) -> bool:
+    """A check's verdict as a Python bool: True, False, np.True_, np.False_ or a 0-d bool array.
+
+    Anything else (a number, an array of several values, None) raises AssertionError saying
+    what came back, so a check that returns np.True_ is judged by its value, not its type.
+    """
+    __tracebackhide__ = True
+    arr = np.asarray(value) if value is not None else None
+    if arr is None or arr.dtype != np.bool_ or arr.shape != ():
+        got = "None" if value is None else f"{value!r} ({type(value).__name__})"
+        raise AssertionError(f"{what} should return True or False, got {got}")
+    return bool(arr)
+
+
+def module_with_biases(d_model: int, n_heads: int, seed: int = 0):
+    """MultiHeadAttention(d_model, n_heads, seed) with small non-zero biases (its own are zero),
+    so a forward or decode that drops a bias gives a different output."""
+    from .numpy_mha import MultiHeadAttention
+
+    m = MultiHeadAttention(d_model, n_heads, seed=seed)
+    rng = np.random.default_rng(1000 + seed)
+    m.bq, m.bk, m.bv, m.bo = (0.1 * rng.normal(size=d_model) for _ in range(4))
+    return m
 
 
 @contextmanager
@@ -416,9 +466,13 @@ def refusing(owner: Any, names: tuple[str, ...]) -> Iterator[None]:
     saved = {n: vars(holders[n])[n] for n in names}
 
     def refuse(name: str) -> Callable:
+        @integrity.not_a_reference  # the refusal says which reference it stands for
         def refused(*args, **kwargs):
+            where = f"{getattr(owner, '__module__', '')}.{getattr(owner, '__qualname__', '')}" \
+                if inspect.isclass(owner) else getattr(owner, "__name__", "")
             raise AssertionError(f"your code called the reference's {name}: write this part "
-                                 f"yourself (the reference is what it is compared with)")
+                                 f"yourself (the reference is what it is compared with) "
+                                 f"[reference used: {where}.{name}]")
         return refused
 
     try:
@@ -534,6 +588,16 @@ def _as_forward(student) -> Callable[[np.ndarray], Any]:
     return lambda x: student(torch.from_numpy(x).to(dtype=p.dtype, device=p.device))
 
 
+def _without_biases(module):
+    """A copy of the module with every bias zero: what a forward that drops them computes."""
+    import copy
+
+    bare = copy.copy(module)
+    bare.bq, bare.bk, bare.bv, bare.bo = (np.zeros_like(b) for b in
+                                          (module.bq, module.bk, module.bv, module.bo))
+    return bare
+
+
 def forward(student, module, causal: bool = True, steps: Mapping[str, Callable] | None = None,
             seed: int = 0) -> Diagnosis:
     """Compare `student(x)` with `module(x, causal=causal)`; name the planted bug it matches.
@@ -572,6 +636,11 @@ def forward(student, module, causal: bool = True, steps: Mapping[str, Callable] 
                                  f"exactly like a module with a bug at step {bug.number} "
                                  f"({bug.step}): {why} [case: {case}; matches planted bug "
                                  f"'{bug.name}']", bug.number, bug.name)
+        if _same(out, _without_biases(module)(x, causal=causal)) and any(
+                np.any(b != 0) for b in (module.bq, module.bk, module.bv, module.bo)):
+            return Diagnosis("forward", False, "forward equals the module's output with every "
+                             "bias left out: a projection is x @ W + b; add module.bq, bk, bv "
+                             f"and bo [case: {case}]", 1)
         with np.errstate(all="ignore"):
             other = module(x, causal=not causal)
         if _same(out, other):

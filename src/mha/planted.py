@@ -242,32 +242,48 @@ SUSPECT_FAMILIES: tuple[tuple[str, ...], ...] = (
 
 
 class Suspect(MultiHeadAttention):
-    """A MultiHeadAttention whose every forward pass (and trace) runs with one planted bug."""
+    """A MultiHeadAttention whose every forward pass (and trace) runs with one planted bug.
+
+    Which bug is not kept as an attribute: the forward pass and the trace are closures made
+    here, so `vars(suspect)` and the repr show a healthy module's fields and nothing else.
+    The answer key of an exercise lives with the teacher (A3: in its hidden tests).
+    """
 
     def __init__(self, label: str, bug_name: str, d_model: int = 16, n_heads: int = 4,
                  seed: int = 0):
         _swaps(bug_name)  # fail early on an unknown name
         super().__init__(d_model, n_heads, seed=seed)
         self.label = label
-        self._planted = bug_name
+        healthy = MultiHeadAttention
+
+        def forward(x, context=None, causal=False, mask=None) -> np.ndarray:
+            """The reference forward pass, run with this suspect's bug planted."""
+            with bug(bug_name):
+                return healthy.forward(self, x, context=context, causal=causal, mask=mask)
+
+        def trace(x, context=None, causal=False, mask=None) -> list[LedgerRow]:
+            """The shape ledger, recorded around the planted step too (nothing gives it away)."""
+            with bug(bug_name), ledger.recording(steps, LEDGER_LABELS) as rows:
+                healthy.forward(self, x, context=context, causal=causal, mask=mask)
+            return ledger.input_rows(x, context) + rows
+
+        self._run = (forward, trace)
 
     def __repr__(self) -> str:
         return f"Suspect {self.label}: " + super().__repr__()
 
     def forward(self, x, context=None, causal=False, mask=None) -> np.ndarray:
-        """The reference forward pass, run with this suspect's bug planted."""
-        with bug(self._planted):
-            return super().forward(x, context=context, causal=causal, mask=mask)
+        """The forward pass, with this suspect's hidden bug."""
+        return self._run[0](x, context=context, causal=causal, mask=mask)
 
     def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
-        """The shape ledger, recorded around the planted step too (nothing gives it away)."""
-        with bug(self._planted), ledger.recording(steps, LEDGER_LABELS) as rows:
-            MultiHeadAttention.forward(self, x, context=context, causal=causal, mask=mask)
-        return ledger.input_rows(x, context) + rows
+        """The shape ledger of the forward pass, with this suspect's hidden bug."""
+        return self._run[1](x, context=context, causal=causal, mask=mask)
 
 
-def suspect_bugs(seed: int) -> dict[str, str]:
-    """Which bug each suspect A-D carries: one per family, in a seeded order."""
+def _deal(seed: int) -> dict[str, str]:
+    """Which bug each suspect A-D carries: one per family, in a seeded order (for the course's
+    own tests; graders keep the answer key themselves)."""
     rng = np.random.default_rng(seed)
     picks = [family[int(rng.integers(len(family)))] for family in SUSPECT_FAMILIES]
     order = rng.permutation(len(picks))
@@ -276,6 +292,6 @@ def suspect_bugs(seed: int) -> dict[str, str]:
 
 def suspects(seed: int, d_model: int = 16, n_heads: int = 4) -> dict[str, Suspect]:
     """Four modules A-D, each with the weights of MultiHeadAttention(d_model, n_heads, seed)
-    and one hidden planted bug (see `suspect_bugs`)."""
+    and one hidden planted bug, no two alike (one from each of SUSPECT_FAMILIES)."""
     return {label: Suspect(label, name, d_model, n_heads, seed)
-            for label, name in suspect_bugs(seed).items()}
+            for label, name in _deal(seed).items()}
