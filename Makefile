@@ -16,6 +16,7 @@ REPORTS   := .ci-reports
 TEACHER ?= 0
 
 .PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
+.PHONY: student-pack
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
@@ -25,7 +26,8 @@ help:
 	@echo "make demo       python -m mha: a one-screen terminal demo"
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
 	@echo "make assignments  build the students' versions of the graded assignments"
-	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs"
+	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers)"
+	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs (A=A1 STUDENT=alice)"
 	@echo "make report     feedback and CSVs again after hand-grading written answers"
 
 $(BIN)/python:
@@ -100,12 +102,19 @@ bench: $(VENV)/.dev-installed
 assignments: $(VENV)/.dev-installed
 	$(BIN)/python $(COURSE)/course.py release
 
+# What to hand out: dist/student-pack/ and dist/attention-by-hand-student.zip, checked for leaks.
+student-pack: $(VENV)/.dev-installed
+	$(BIN)/python $(COURSE)/student_pack.py
+
+# A=A1 (or several: A="A1 A3") grades one assignment, STUDENT=alice one student (both: both);
+# WORKERS=N sets the grading processes (default: one per core). Hand grades survive a regrade.
+GRADE_ARGS = $(A) $(foreach s,$(STUDENT),--student $(s)) $(if $(WORKERS),--workers $(WORKERS),)
 grade: $(VENV)/.dev-installed
-	$(BIN)/python $(COURSE)/course.py grade
+	$(BIN)/python $(COURSE)/course.py grade $(GRADE_ARGS)
 
 # After grading written answers by hand: feedback and CSVs again, without re-running the grader.
 report: $(VENV)/.dev-installed
-	$(BIN)/python $(COURSE)/course.py report
+	$(BIN)/python $(COURSE)/course.py report $(A) $(foreach s,$(STUDENT),--student $(s))
 
 demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha

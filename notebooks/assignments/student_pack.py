@@ -1,0 +1,550 @@
+"""Build the student pack: what students need to follow the course, and nothing a teacher keeps.
+
+    python notebooks/assignments/student_pack.py [--out DIR] [--no-release] [--no-archive]
+
+`make student-pack` calls it. It first releases the assignments (`course.py release`:
+source/ -> release/, solutions and hidden tests removed), then copies an allowlist into
+DIR (default: dist/student-pack/ at the repository root) and zips it beside DIR
+(dist/attention-by-hand-student.zip, one top folder attention-by-hand-student/):
+
+    README.md                 how to install (`make lab`, `make lab CPU=1`) and hand in
+    Makefile                  a student Makefile: lab, demo, clean (same install steps as ours)
+    requirements.txt, pyproject.toml, environment.yml
+    src/mha/...               the package, the files git tracks or would track (no caches)
+    notebooks/NN_*.ipynb      the lessons
+    notebooks/assignments/NAME/NAME.ipynb   the released assignments (from release/, never source/)
+
+Nothing else goes in: not source/, course.py, nbgrader_config.py, the gradebook, submissions,
+feedback, reports, tests, benchmarks or hub configs. Before zipping it greps the pack for
+every solution region, model written answer and hidden test of source/ (`check_leaks`) and
+stops, without an archive, if it finds one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+
+COURSE = Path(__file__).resolve().parent  # notebooks/assignments
+ROOT = COURSE.parent.parent  # the repository
+DEFAULT_OUT = ROOT / "dist" / "student-pack"
+ARCHIVE_NAME = "attention-by-hand-student"
+INSTALL_FILES = ("requirements.txt", "pyproject.toml", "environment.yml")
+LESSONS_GLOB = "notebooks/[0-9][0-9]_*.ipynb"
+README_TITLE = "# Attention by Hand: student pack"
+
+# nbgrader's markers (nbgrader_config.py keeps the defaults).
+MARKERS = {
+    "solution": ("### BEGIN SOLUTION", "### END SOLUTION"),
+    "hidden tests": ("### BEGIN HIDDEN TESTS", "### END HIDDEN TESTS"),
+}
+# Never in a pack, whatever the allowlist says (checked after building, as a second lock).
+FORBIDDEN_NAMES = {"course.py", "nbgrader_config.py", "gradebook.db", "gradebook.db-journal",
+                   ".nbgrader.log"}
+FORBIDDEN_DIRS = {"source", "release", "submitted", "autograded", "feedback", "reports", "tests",
+                  "benchmarks", "hub", ".git", ".venv", "__pycache__", ".ipynb_checkpoints",
+                  "node_modules"}
+MIN_LINE = 40  # a region's lines longer than this (stripped) are checked one by one
+
+
+# --- what goes in ---------------------------------------------------------------------------
+def assignment_names(course: Path = COURSE) -> list[str]:
+    """Every assignment in course/source/ (NAME/NAME.ipynb), in order."""
+    return sorted(p.name for p in (course / "source").iterdir()
+                  if (p / f"{p.name}.ipynb").is_file())
+
+
+def lessons(repo: Path = ROOT) -> list[Path]:
+    """The lesson notebooks, notebooks/NN_*.ipynb, in order."""
+    return sorted(repo.glob(LESSONS_GLOB))
+
+
+def package_files(repo: Path = ROOT) -> list[str]:
+    """src/ as git sees it: tracked files plus new ones not ignored (so no caches, no builds)."""
+    out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
+                          "--", "src"], cwd=repo, capture_output=True, text=True, check=True).stdout
+    files = sorted({f for f in out.split("\0") if f and (repo / f).is_file()})
+    if not any(f.startswith("src/mha/") for f in files):
+        raise RuntimeError(f"git lists no files under {repo / 'src/mha'}")
+    return files
+
+
+def release(course: Path = COURSE) -> None:
+    """source/ -> release/ with the course's own tooling (nbgrader generate_assignment)."""
+    subprocess.run([sys.executable, str(course / "course.py"), "release"], cwd=course, check=True)
+
+
+def released(course: Path = COURSE) -> dict[str, list[Path]]:
+    """The files nbgrader released for each assignment (release/NAME/...), by name."""
+    found = {}
+    for name in assignment_names(course):
+        folder = course / "release" / name
+        if not (folder / f"{name}.ipynb").is_file():
+            raise FileNotFoundError(f"{folder / name}.ipynb is missing: run course.py release")
+        found[name] = sorted(p for p in folder.rglob("*") if p.is_file()
+                             and not any(part.startswith(".") or part == "__pycache__"
+                                         for part in p.relative_to(folder).parts))
+    return found
+
+
+def _title(nb_path: Path) -> str:
+    """The first markdown heading of a notebook, without its '#'."""
+    import nbformat
+
+    for cell in nbformat.read(nb_path, as_version=4).cells:
+        if cell.cell_type == "markdown":
+            for line in cell.source.splitlines():
+                if line.startswith("#"):
+                    return line.lstrip("#").strip()
+    return nb_path.stem
+
+
+STUDENT_MAKEFILE = """\
+# Attention by Hand, student pack. `make lab` installs everything into .venv and opens JupyterLab.
+# (Generated by the course's student_pack.py: the install steps are the course's own.)
+PYTHON ?= python3.11
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+PIP    := $(BIN)/python -m pip --disable-pip-version-check
+PORT   ?= 8888
+# Extra flags for jupyter lab, e.g. LAB_ARGS=--IdentityProvider.token=secret
+LAB_ARGS ?=
+NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
+
+.PHONY: lab demo clean help
+
+help:
+\t@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
+\t@echo "make demo       python -m mha: a one-screen terminal demo"
+\t@echo "make clean      remove $(VENV) (your notebooks stay)"
+
+$(BIN)/python:
+\t$(PYTHON) -m venv $(VENV)
+
+# CPU=1: install torch's CPU-only wheel first (a few hundred MB) so the pinned torch in
+# requirements.txt is already satisfied and PyPI's CUDA build (several GB) is never fetched.
+CPU ?= 0
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
+TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
+
+# Stamp: reinstall only when the requirement files or pyproject change.
+$(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
+\t$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
+\t$(PIP) install -q --progress-bar off -r requirements.txt
+\t@touch $@
+
+# Trusting the lessons lets JupyterLab render their widgets and HTML outputs.
+lab: $(VENV)/.lab-installed
+\t@$(BIN)/jupyter trust $(NOTEBOOKS) >/dev/null
+\t$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \\
+\t  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+demo: $(VENV)/.lab-installed
+\t$(BIN)/python -m mha
+
+clean:
+\trm -rf $(VENV)
+"""
+
+
+def student_readme(lesson_paths: list[Path], assignment_paths: dict[str, Path]) -> str:
+    """The pack's README.md: install, what is where, how to hand in."""
+    lesson_rows = "\n".join(f"| `notebooks/{p.name}` | {_title(p)} |" for p in lesson_paths)
+    assignment_rows = "\n".join(f"| `notebooks/assignments/{name}/{name}.ipynb` | {_title(p)} |"
+                                for name, p in assignment_paths.items())
+    return f"""{README_TITLE}
+
+Learn multi-head attention by building it: seven small numpy steps, each its own notebook,
+then the same module in PyTorch, then the road to production kernels; and graded
+assignments to hand in.
+
+## Install and open
+
+You need Python 3.11 and `make` (Linux or macOS; on Windows use WSL). In this folder:
+
+```bash
+make lab          # creates .venv, installs everything, opens JupyterLab on notebooks/
+make lab CPU=1    # the same for a machine without an NVIDIA GPU (most laptops): see below
+```
+
+`make lab` prints a URL with a login token: open it in your browser. The first run
+downloads and installs the packages, which takes a few minutes; later runs start at once.
+Another port: `make lab PORT=8899`. Another Python: `make lab PYTHON=/path/to/python3.11`.
+With conda instead: `conda env create -f environment.yml`, `conda activate attention-by-hand`,
+then `jupyter lab --ServerApp.root_dir=notebooks`.
+
+## GPUs and choosing a torch build
+
+On Linux, PyPI's `torch` (pinned in `requirements.txt`) is a CUDA build of several GB. Without
+an NVIDIA GPU, install with `make lab CPU=1` the first time: it installs the CPU-only wheel
+(a few hundred MB) from PyTorch's CPU index first, so the big one is never downloaded. The
+whole course runs on a CPU. (macOS wheels are CPU/MPS builds anyway.)
+
+## What is here
+
+| file | what it is |
+|---|---|
+{lesson_rows}
+{assignment_rows}
+| `src/mha/` | the package the lessons and assignments import (`make lab` installs it) |
+
+Start with `notebooks/00_overview.ipynb`. The assignments follow the lessons; each one says
+which lessons it builds on.
+
+## Hand in an assignment
+
+1. Open `notebooks/assignments/NAME/NAME.ipynb` and work in it. Write your code where it
+   says `# YOUR CODE HERE` (delete the `raise NotImplementedError()` line) and your written
+   answers where it says `YOUR ANSWER HERE`.
+2. Run the test cell under each part: it says what is right, or which step differs and the
+   likely mistake. Do not edit or delete the test cells: they are restored before grading,
+   and the grader runs more tests than you see.
+3. Before you hand in: *Kernel → Restart Kernel and Run All Cells*, check that every cell
+   runs, and save.
+4. Hand in that one file, keeping its name (`NAME.ipynb`), the way your teacher tells you
+   (on a course JupyterHub: the *Assignments* tab, *Submit*).
+"""
+
+
+# --- building --------------------------------------------------------------------------------
+@dataclass
+class Pack:
+    """A built pack: its folder, its files (relative paths) and the archive, if any."""
+
+    folder: Path
+    files: list[str]
+    archive: Path | None = None
+    leaks: LeakReport | None = None
+
+    @property
+    def size(self) -> int:
+        return sum((self.folder / f).stat().st_size for f in self.files)
+
+
+def _clear(out: Path, repo: Path) -> None:
+    """Remove a previous pack at `out`; refuse to delete anything that is not one."""
+    out = out.resolve()
+    if out == repo.resolve() or repo.resolve().is_relative_to(out):
+        raise ValueError(f"refusing to build the pack over the repository ({out})")
+    if not out.exists():
+        return
+    readme = out / "README.md"
+    if any(out.iterdir()) and not (readme.is_file()
+                                   and readme.read_text().startswith(README_TITLE)):
+        raise ValueError(f"{out} exists and is not a student pack: choose another --out")
+    shutil.rmtree(out)
+
+
+def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
+          do_release: bool = True, archive: bool = True, check: bool = True) -> Pack:
+    """Release the assignments, copy the allowlist into `out`, check it, zip it beside `out`."""
+    repo, course, out = repo.resolve(), course.resolve(), Path(out).resolve()
+    if do_release:
+        release(course)
+    lesson_paths = lessons(repo)
+    if not lesson_paths:
+        raise FileNotFoundError(f"no lessons match {repo / LESSONS_GLOB}")
+    assignments = released(course)
+    _clear(out, repo)
+
+    copies: dict[str, Path] = {}  # pack path -> where it comes from
+    for p in lesson_paths:
+        copies[f"notebooks/{p.name}"] = p
+    for name, paths in assignments.items():
+        for p in paths:
+            rel = p.relative_to(course / "release" / name).as_posix()
+            copies[f"notebooks/assignments/{name}/{rel}"] = p
+    for f in package_files(repo):
+        copies[f] = repo / f
+    for f in INSTALL_FILES:
+        copies[f] = repo / f
+    for rel, src in copies.items():
+        dest = out / rel
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(src, dest)
+    (out / "Makefile").write_text(STUDENT_MAKEFILE)
+    (out / "README.md").write_text(student_readme(
+        lesson_paths, {name: out / "notebooks" / "assignments" / name / f"{name}.ipynb"
+                       for name in assignments}))
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    pack = Pack(out, files)
+
+    # Nothing that fails a check is left behind to be handed out: no folder, no archive.
+    zip_path = out.parent / f"{ARCHIVE_NAME}.zip"
+    zip_path.unlink(missing_ok=True)
+    bad = forbidden(out)
+    if bad:
+        shutil.rmtree(out)
+        raise RuntimeError(f"the pack held teacher files, removed it: {bad}")
+    if check:
+        pack.leaks = check_leaks(out, course / "source", repo)
+        if not pack.leaks.ok:
+            shutil.rmtree(out)
+            raise RuntimeError("the pack leaked answers, removed it (no archive written):\n"
+                               + pack.leaks.summary())
+    if archive:
+        with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as z:
+            for f in files:
+                z.write(out / f, f"{ARCHIVE_NAME}/{f}")
+        pack.archive = zip_path
+    return pack
+
+
+def forbidden(folder: Path) -> list[str]:
+    """Paths under `folder` that must never be in a pack (teacher files, caches, VCS)."""
+    bad = []
+    for p in sorted(folder.rglob("*")):
+        rel = p.relative_to(folder)
+        if (p.name in FORBIDDEN_NAMES or p.suffix == ".pyc"
+                or any(part in FORBIDDEN_DIRS for part in rel.parts)):
+            bad.append(rel.as_posix())
+    return bad
+
+
+# --- the leak check --------------------------------------------------------------------------
+def normalise(text: str) -> str:
+    """Runs of whitespace collapsed to one space, ends stripped."""
+    return " ".join(text.split())
+
+
+@dataclass(frozen=True)
+class Region:
+    """A secret part of a source notebook: a solution, a model written answer, hidden tests."""
+
+    notebook: str  # e.g. A1_seven_steps.ipynb
+    cell: str  # the cell's grade_id
+    kind: str  # "solution", "written answer" or "hidden tests"
+    text: str
+
+    @property
+    def normalised(self) -> str:
+        return normalise(self.text)
+
+    def __str__(self) -> str:
+        return f"{self.notebook} {self.cell} ({self.kind})"
+
+
+def _split(source: str) -> tuple[list[tuple[str, str]], str]:
+    """A cell's marked regions [(kind, text)] and the rest of it (its open text)."""
+    regions, open_lines, inside, buf = [], [], None, []
+    for line in source.splitlines():
+        began = next((k for k, (b, _) in MARKERS.items() if b in line), None)
+        if inside is None and began:
+            inside, buf = began, []
+        elif inside is not None and MARKERS[inside][1] in line:
+            regions.append((inside, "\n".join(buf)))
+            inside = None
+        elif inside is not None:
+            buf.append(line)
+        else:
+            open_lines.append(line)
+    if inside is not None:  # an unclosed marker: treat the rest as secret
+        regions.append((inside, "\n".join(buf)))
+    return regions, "\n".join(open_lines)
+
+
+def secret_regions(source: Path) -> tuple[list[Region], str]:
+    """Every secret region of every notebook under source/, and the source's open text.
+
+    Code cells: each ### BEGIN SOLUTION / ### BEGIN HIDDEN TESTS region (the whole cell if it
+    is a solution cell without markers). Markdown cells with nbgrader solution=true: the
+    whole cell (the model written answer), or its marked regions if it has markers.
+    """
+    import nbformat
+
+    regions, open_text = [], []
+    for path in sorted(source.glob("*/*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            gid = meta.get("grade_id", f"cell {cell.get('id', '?')}")
+            marked, rest = _split(cell.source)
+            for kind, text in marked:
+                regions.append(Region(path.name, gid, kind, text))
+            if meta.get("solution") and not any(k == "solution" for k, _ in marked):
+                kind = "written answer" if cell.cell_type == "markdown" else "solution"
+                regions.append(Region(path.name, gid, kind, rest))
+            else:
+                open_text.append(rest)
+    return regions, normalise("\n".join(open_text))
+
+
+def _joined(value) -> str:
+    """A notebook field that is a string or a list of lines."""
+    return value if isinstance(value, str) else "".join(value)
+
+
+def _notebook_text(path: Path) -> str:
+    """A notebook's cell sources and text outputs (not its JSON: that escapes quotes and
+    newlines). Plain json, not nbformat: nbformat's validation triples the time."""
+    try:
+        nb = json.loads(path.read_text())
+        cells = nb["cells"]
+    except (ValueError, KeyError, TypeError):
+        return path.read_text(errors="replace")  # not a notebook: search it as it is
+    parts = []
+    for cell in cells:
+        parts.append(_joined(cell.get("source", "")))
+        for output in cell.get("outputs", []):
+            if "text" in output:
+                parts.append(_joined(output["text"]))
+            for mime, value in output.get("data", {}).items():
+                if mime.startswith("text/"):
+                    parts.append(_joined(value))
+    return "\n".join(parts)
+
+
+def texts(folder: Path) -> tuple[dict[str, str], list[str]]:
+    """Every text file under `folder`, normalised, by relative path; and the binary files."""
+    found, binary = {}, []
+    for p in sorted(folder.rglob("*")):
+        if not p.is_file():
+            continue
+        rel = p.relative_to(folder).as_posix()
+        if p.suffix == ".ipynb":
+            found[rel] = normalise(_notebook_text(p))
+            continue
+        data = p.read_bytes()
+        try:
+            if b"\0" in data:
+                raise UnicodeDecodeError("utf-8", data, 0, 1, "NUL byte")
+            found[rel] = normalise(data.decode("utf-8"))
+        except UnicodeDecodeError:
+            binary.append(rel)
+    return found, binary
+
+
+def public_text(repo: Path = ROOT) -> str:
+    """What students may see anyway: the repository's lessons and its package src/."""
+    parts = [_notebook_text(p) for p in lessons(repo)]
+    for f in package_files(repo):
+        try:
+            parts.append((repo / f).read_text())
+        except UnicodeDecodeError:
+            pass
+    return normalise("\n".join(parts))
+
+
+@dataclass
+class LeakReport:
+    """What check_leaks looked at and what it found."""
+
+    regions: int = 0  # secret regions checked as whole blocks
+    lines: int = 0  # distinctive lines checked one by one
+    lines_public: int = 0  # long lines skipped: also in the lessons, src/ or the open source text
+    files: int = 0  # text files of the pack read
+    binary: list[str] = field(default_factory=list)
+    # (region, pack file): a whole region found; public=True where the repository's own lessons
+    # or src/ hold it verbatim too (it is public anyway, not lost by the release).
+    hits: list[tuple[Region, str, bool]] = field(default_factory=list)
+    line_hits: list[tuple[Region, str, str]] = field(default_factory=list)  # (region, line, file)
+    marker_hits: list[tuple[str, str]] = field(default_factory=list)  # (marker, file)
+
+    @property
+    def leaks(self) -> list[tuple[Region, str]]:
+        """Whole-region hits that are not public anyway."""
+        return [(r, f) for r, f, public in self.hits if not public]
+
+    @property
+    def ok(self) -> bool:
+        return not (self.leaks or self.line_hits or self.marker_hits)
+
+    def summary(self) -> str:
+        lines = [f"leak check: {self.regions} regions, {self.lines} distinctive lines "
+                 f"({self.lines_public} more skipped as public), {self.files} text files"]
+        lines += [f"  LEAK {r} in {f}" for r, f in self.leaks]
+        lines += [f"  LEAK line of {r} in {f}: {line!r}" for r, line, f in self.line_hits]
+        lines += [f"  LEAK marker {m!r} in {f}" for m, f in self.marker_hits]
+        lines += [f"  public anyway: {r} in {f} (the repository's lessons or src/ hold it)"
+                  for r, f, public in self.hits if public]
+        return "\n".join(lines)
+
+
+def distinctive_lines(region: Region, public: str | bytes, open_text: str | bytes,
+                      min_line: int = MIN_LINE) -> tuple[list[str], int]:
+    """A region's lines (normalised) longer than `min_line` that students never see: not in
+    `public` (the lessons and src/) nor in `open_text` (what the release keeps of the
+    source); and how many long lines were skipped because they are."""
+    lines, skipped = [], 0
+    for line in dict.fromkeys(map(normalise, region.text.splitlines())):
+        if len(line) <= min_line:
+            continue
+        if _in(line, public) or _in(line, open_text):
+            skipped += 1
+        else:
+            lines.append(line)
+    return lines, skipped
+
+
+def _in(needle: str, haystack: str | bytes) -> bool:
+    # UTF-8 bytes: one byte a character for this ASCII-heavy text, where one emoji makes a
+    # str four bytes a character; byte and character substrings agree for valid UTF-8.
+    return (needle.encode() if isinstance(haystack, bytes) else needle) in haystack
+
+
+def check_leaks(folder: Path, source: Path = COURSE / "source", repo: Path = ROOT,
+                min_line: int = MIN_LINE) -> LeakReport:
+    """Grep `folder` for every secret region of the notebooks under `source`.
+
+    A region leaks if its whitespace-normalised text occurs in a text file of the folder
+    (for notebooks, in their cell sources and text outputs). Each of its lines longer than
+    `min_line` characters that occurs neither in the repository's lessons and src/ nor in
+    the open (released) text of the source notebooks must not occur anywhere in the folder
+    either. nbgrader's markers themselves must not occur at all.
+    """
+    regions, open_text = secret_regions(source)
+    if not regions:
+        raise RuntimeError(f"no solution or hidden-test regions found under {source}")
+    public, open_b = public_text(repo).encode(), open_text.encode()
+    found, binary = texts(folder)
+    found_b = {f: t.encode() for f, t in found.items()}
+    corpus = b"\0".join(found_b.values())
+    report = LeakReport(files=len(found), binary=binary)
+
+    def where(needle: str) -> list[str]:
+        b = needle.encode()
+        return [f for f, t in found_b.items() if b in t] if b in corpus else []
+
+    for region in regions:
+        block = region.normalised
+        if not block:
+            continue
+        report.regions += 1
+        report.hits += [(region, f, block.encode() in public) for f in where(block)]
+        lines, skipped = distinctive_lines(region, public, open_b, min_line)
+        report.lines_public += skipped
+        report.lines += len(lines)
+        for line in lines:
+            report.line_hits += [(region, line, f) for f in where(line)]
+    for begin, end in MARKERS.values():
+        for marker in (begin, end):
+            report.marker_hits += [(marker, f) for f in where(marker)]
+    return report
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
+                    help=f"the pack's folder (default {DEFAULT_OUT.relative_to(ROOT)}); "
+                         "the zip goes beside it")
+    ap.add_argument("--no-release", action="store_true",
+                    help="use release/ as it is (skip course.py release)")
+    ap.add_argument("--no-archive", action="store_true", help="the folder only, no zip")
+    args = ap.parse_args(argv)
+    pack = build(args.out, do_release=not args.no_release, archive=not args.no_archive)
+    where = os.path.relpath(pack.folder)
+    print(pack.leaks.summary() if pack.leaks else "")
+    print(f"student pack: {where}/ ({len(pack.files)} files, {pack.size / 2**20:.1f} MiB)"
+          + (f", {os.path.relpath(pack.archive)} ({pack.archive.stat().st_size / 2**20:.1f} MiB)"
+             if pack.archive else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
