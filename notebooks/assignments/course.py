@@ -262,9 +262,14 @@ def _merge(worker_db: Path, jobs: list[tuple[str, str]], root: Path,
     try:
         db.execute("ATTACH DATABASE ? AS w", (str(worker_db),))
         for name, student in jobs:
+            aid = db.execute("SELECT id FROM assignment WHERE name = ?", (name,)).fetchone()[0]
+            if db.execute("SELECT 1 FROM w.submitted_assignment WHERE assignment_id = ? AND "
+                          "student_id = ?", (aid, student)).fetchone() is None:
+                print(f"warning: {student}'s {name} was not graded (see nbgrader's log above); "
+                      f"the gradebook keeps what it had")
+                continue
             with db:  # one transaction: the gradebook never holds half a submission
                 kept = _hand_grades(db, name, student)
-                aid = db.execute("SELECT id FROM assignment WHERE name = ?", (name,)).fetchone()[0]
                 db.execute("INSERT OR IGNORE INTO main.student SELECT * FROM w.student "
                            "WHERE id = ?", (student,))
                 sa = "SELECT id FROM {db}.submitted_assignment WHERE assignment_id = ? AND student_id = ?"

@@ -6,7 +6,7 @@
         diagnose.check_forward(lambda x: forward(m, x), m)
 
 A grader wraps the test of one part in `guard`, naming the student's objects under test.
-While the block runs, a profiler watches every Python call. When code of a forbidden
+While the block runs, a trace function sees every Python call (not lines, not C calls). When code of a forbidden
 package function starts, the stack above it is read: if a frame of the student's code (the
 files, i.e. notebook cells, that define the work under test) comes before any frame of the
 grader's (the test cell and the helpers it defines) or of an allowed function, the student's
@@ -161,6 +161,7 @@ class _Watch:
         self.grader = grader
         self.student = {c.co_filename for w in work for c in _codes_of_work(w)}
         self.kinds: dict[str, str] = {}
+        self.watched: dict[CodeType, bool] = {}  # code -> is it forbidden package code?
         self.found: dict[str, str] = {}  # reference -> how it was reached
 
     def kind(self, filename: str) -> str:
@@ -193,12 +194,15 @@ class _Watch:
         return code in self.forbid_codes or code.co_filename in self.forbid_files
 
     def __call__(self, frame: FrameType, event: str, arg: Any) -> None:
-        if event != "call":
-            return
+        """The trace function: look at each call; return None so no line is traced."""
         code = frame.f_code
-        if code.co_name == "<module>" or self.kind(code.co_filename) != "package" \
-                or not self.forbidden(code):
-            return  # an import runs a module's body: loading the package is not using it
+        watched = self.watched.get(code)
+        if watched is None:  # first call of this code: decide once
+            watched = self.watched[code] = not (
+                code.co_name == "<module>"  # an import runs a module's body: not a use
+                or self.kind(code.co_filename) != "package" or not self.forbidden(code))
+        if not watched or event != "call":
+            return
         ref = _dotted(code)
         if ref in self.found:
             return
@@ -254,15 +258,15 @@ def guard(*work: Any, forbid: tuple | None = None, allow: tuple = ()) -> Iterato
         code = getattr(_unwrap(w), "__code__", None)
         if (ref := _is_package(w)) and not (code is not None and watch.allowed(code)):
             watch.found[ref] = "it is the package's own, not yours"
-    previous = sys.getprofile()
-    sys.setprofile(watch)
+    previous = sys.gettrace()
+    sys.settrace(watch)  # 'call' events of Python functions only: no C calls, no lines
     failure: BaseException | None = None
     try:
         yield watch
     except Exception as e:  # report the reference first: that decides the part
         failure = e
     finally:
-        sys.setprofile(previous)
+        sys.settrace(previous)
     if watch.found:
         raise ReferenceUsed(message(watch.found, watch.work_names)) from failure
     if failure is not None:
