@@ -219,14 +219,29 @@ BROKEN = "abh_student3"  # submits an anti-causal mask: loses the mask's part on
 BUG = ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests", "matches planted bug 'anti_causal_mask'")
 
 
-def test_release_fetch_submit_collect_grade_and_feedback_between_unix_users(record_property):
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    mark = [started]
+class Laps:
+    """Seconds per phase of one test, recorded in its junit properties and printed."""
 
-    def lap(phase: str) -> None:
+    def __init__(self, record_property):
+        self.record, self.started = record_property, time.perf_counter()
+        self.timings: dict[str, float] = {}
+        self.mark = self.started
+
+    def __call__(self, phase: str) -> None:
         now = time.perf_counter()
-        timings[phase], mark[0] = now - mark[0], now
+        self.timings[phase], self.mark = now - self.mark, now
+
+    def report(self, what: str) -> None:
+        total = time.perf_counter() - self.started
+        for phase, seconds in self.timings.items():
+            self.record(f"seconds_{phase}", round(seconds, 1))
+        self.record("seconds_total", round(total, 1))
+        print(f"{what}: {total:.1f} s ("
+              + ", ".join(f"{k} {v:.1f} s" for k, v in self.timings.items()) + ")")
+
+
+def test_release_fetch_submit_collect_grade_and_feedback_between_unix_users(record_property):
+    lap = Laps(record_property)
 
     with scratch("abh-exchange-") as base, unix_users([TEACHER, *STUDENTS], base) as users:
         exchange = exchange_root(base)
@@ -318,9 +333,4 @@ def test_release_fetch_submit_collect_grade_and_feedback_between_unix_users(reco
                 and not p.needs_manual_grade}
         assert lost == {(BROKEN, lost_part)}, f"lost parts: {sorted(lost)}"
 
-    total = time.perf_counter() - started
-    for phase, seconds in timings.items():
-        record_property(f"seconds_{phase}", round(seconds, 1))
-    record_property("seconds_total", round(total, 1))
-    print(f"exchange cycle, 1 teacher + {len(STUDENTS)} students: {total:.1f} s ("
-          + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")")
+    lap.report(f"exchange cycle, 1 teacher + {len(STUDENTS)} students")

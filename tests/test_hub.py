@@ -35,6 +35,7 @@ from tests.test_exchange import (
     NAME,
     ROOT,
     VENV_BIN,
+    Laps,
     course,
     exchange_root,
     scratch,
@@ -151,13 +152,7 @@ c.Spawner.http_timeout = 120
 
 
 def test_student_sees_only_the_assignments_tab_fetches_and_submits(record_property):
-    started = time.perf_counter()
-    timings: dict[str, float] = {}
-    mark = [started]
-
-    def lap(phase: str) -> None:
-        now = time.perf_counter()
-        timings[phase], mark[0] = now - mark[0], now
+    lap = Laps(record_property)
 
     assert CHP.exists(), f"{CHP} missing: run `npm ci` in {HUB} (.ci/run does)"
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
@@ -263,9 +258,4 @@ def test_student_sees_only_the_assignments_tab_fetches_and_submits(record_proper
         assert got[0].stat().st_uid == student.uid, "the submission is not the student's own"
         lap("stop")
 
-    total = time.perf_counter() - started
-    for phase, seconds in timings.items():
-        record_property(f"seconds_{phase}", round(seconds, 1))
-    record_property("seconds_total", round(total, 1))
-    print(f"hub, one student ({auth}): {total:.1f} s ("
-          + ", ".join(f"{k} {v:.1f} s" for k, v in timings.items()) + ")")
+    lap.report(f"hub, one student ({auth})")
