@@ -9,6 +9,8 @@ notebooks/assignments/source/, and a planted answer shows that the check can fai
 from __future__ import annotations
 
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -162,8 +164,11 @@ def test_the_leak_check_finds_a_planted_answer(built, tmp_path):
 
 
 def _make_n(folder: Path, *args: str) -> list[str]:
-    return subprocess.run(["make", "-n", *args], cwd=folder, capture_output=True, text=True,
-                          check=True).stdout.splitlines()
+    """What `make -n` would run, as a fresh make would (not a sub-make of `make test`)."""
+    env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+    out = subprocess.run(["make", "-n", *args], cwd=folder, capture_output=True, text=True,
+                         check=True, env=env).stdout.splitlines()
+    return [line for line in out if not re.match(r"make(\[\d+\])?: (Entering|Leaving) directory", line)]
 
 
 def test_the_pack_installs_from_its_own_folder(built, tmp_path):
