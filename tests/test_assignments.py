@@ -219,8 +219,8 @@ BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only pa
 }
 
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
-    "A1_seven_steps": ("a1-params", "return 4 * d_model", "while True:\n        pass",
-                       "a1-params-tests"),
+    "A1_seven_steps": ("a1-params", "return 4 * d_model",  # sleeps: it never ends, burns no CPU
+                       "while True:\n        __import__('time').sleep(0.5)", "a1-params-tests"),
 }
 TAMPER = {  # break a solution and "fix" its locked test: the test is restored and reported
     "A1_seven_steps": ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests"),
@@ -250,35 +250,67 @@ def _replace(old: str, new: str):
     return edit
 
 
-def _mixes(name: str) -> list[list[tuple[str, str, object, frozenset[str]]]]:
-    """Every planted bug, cheat and other-style answer of `name`, packed into few submissions.
+def _in_cell(cell: str, edit):
+    """A notebook edit that changes the source of one tracked cell."""
+    def apply(nb) -> None:
+        c = course.graded_cells(nb)[cell]
+        c.source = edit(c.source)
+    return apply
+
+
+def _deleted_test(nb) -> None:
+    """A1's mask broken and its test cell deleted (it must be put back and graded)."""
+    _in_cell("a1-mask", _replace("np.tril(", "np.triu("))(nb)
+    nb.cells = [c for c in nb.cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") != "a1-mask-tests"]
+
+
+def _tampered(name: str):
+    gid, old, new, test = TAMPER[name]
+
+    def apply(nb) -> None:
+        _in_cell(gid, _replace(old, new))(nb)
+        course.graded_cells(nb)[test].source = "print('all good')  # the tests were here"
+    return apply
+
+
+def _mixes(name: str) -> list[list[tuple[str, frozenset[str], object, frozenset[str]]]]:
+    """Every planted bug, cheat, other-style answer, broken or deleted cell, endless loop and
+    tampered test of `name`, packed into few submissions: (label, cells, edit, parts lost).
 
     Each part is graded on its own, so edits to different cells that cost different parts
     can share one notebook: the submission must lose exactly the union of their parts (a
     stronger test of independence, and a third of the kernels in CI).
     """
-    edits = [(p.student, p.cell, lambda src, p=p: _edit(src, p), p.loses) for p in PLANTED[name]]
-    edits += [(s, cell, _replace(old, new), frozenset([part]))
+    one = frozenset
+    edits = [(p.student, one([p.cell]), _in_cell(p.cell, lambda src, p=p: _edit(src, p)),
+              p.loses) for p in PLANTED[name]]
+    edits += [(s, one([cell]), _in_cell(cell, _replace(old, new)), one([part]))
               for s, cell, old, new, part, _ in CHEATS.get(name, [])]
-    edits += [(s, cell, _replace(old, new), frozenset())
+    edits += [(s, one([cell]), _in_cell(cell, _replace(old, new)), one())
               for s, cell, old, new in KEEPS.get(name, [])]
+    if name in BROKEN:
+        cell, old, new, part = BROKEN[name]
+        edits.append(("syntax-error", one([cell]), _in_cell(cell, _replace(old, new)), one([part])))
+    if name == "A1_seven_steps":
+        edits.append(("deleted-test", one(["a1-mask", "a1-mask-tests"]), _deleted_test,
+                      one(["a1-mask-tests"])))
+    if name in LOOPS:
+        gid, old, new, test = LOOPS[name]
+        edits.append(("loops", one([gid]), _in_cell(gid, _replace(old, new + "\n    " + old)),
+                      one([test])))
+    if name in TAMPER:
+        gid, _, _, test = TAMPER[name]
+        edits.append(("tampered", one([gid, test]), _tampered(name), one([test])))
     groups: list[list] = []
     for e in edits:
-        home = next((g for g in groups if all(e[1] != o[1] and not e[3] & o[3] for o in g)), None)
+        home = next((g for g in groups if all(not e[1] & o[1] and not e[3] & o[3] for o in g)),
+                    None)
         if home is None:
             groups.append([e])
         else:
             home.append(e)
     return groups
-
-
-def _submit_edit(name: str, full, student: str, cell: str, old: str, new: str, root: Path):
-    nb = nbformat.from_dict(full)
-    c = course.graded_cells(nb)[cell]
-    assert old in c.source, f"{student}: {old!r} not in cell {cell}"
-    c.source = c.source.replace(old, new)
-    course.submit(name, student, nb, root=root)
-    return nb
 
 
 def _course(*args: str, root: Path) -> subprocess.CompletedProcess:
@@ -304,36 +336,11 @@ class Graded:
         for i, group in enumerate(_mixes(name), 1):
             student = f"mix{i}"
             nb = nbformat.from_dict(full)
-            cells = course.graded_cells(nb)
-            for label, cell, edit, _ in group:
-                cells[cell].source = edit(cells[cell].source)
+            for label, _, edit, _ in group:
+                edit(nb)
                 self.student_of[label] = student
             self.expected[student] = set().union(*(loses for *_, loses in group))
             course.submit(name, student, nb, root=root)
-        if name in BROKEN:
-            cell, old, new, _ = BROKEN[name]
-            _submit_edit(name, full, "syntax-error", cell, old, new, root)
-        if name == "A1_seven_steps":  # a deleted test cell, and its part broken
-            nb = nbformat.from_dict(full)
-            course.graded_cells(nb)["a1-mask"].source = course.graded_cells(nb)["a1-mask"] \
-                .source.replace("np.tril(", "np.triu(")
-            nb.cells = [c for c in nb.cells
-                        if c.metadata.get("nbgrader", {}).get("grade_id") != "a1-mask-tests"]
-            course.submit(name, "deleted-test", nb, root=root)
-        if name in LOOPS:
-            gid, old, new, _ = LOOPS[name]
-            nb = nbformat.from_dict(full)
-            cell = course.graded_cells(nb)[gid]
-            assert old in cell.source
-            cell.source = cell.source.replace(old, new + "\n    " + old)
-            course.submit(name, "loops", nb, root=root)
-        if name in TAMPER:
-            gid, old, new, test = TAMPER[name]
-            nb = nbformat.from_dict(full)
-            cells = course.graded_cells(nb)
-            cells[gid].source = cells[gid].source.replace(old, new)
-            cells[test].source = "print('all good')  # the tests were here"
-            course.submit(name, "tampered", nb, root=root)
         self.proc = _course("grade", name, root=root)
         self.scores: dict[str, dict[str, tuple[float, float, bool]]] = {}
         with open(root / "reports" / "grades_by_part.csv") as f:
@@ -426,8 +433,10 @@ class AssignmentContract:
         if self.name not in TAMPER:
             pytest.fail(f"no tampering case for {self.name}")
         gid, _, _, test = TAMPER[self.name]
-        assert graded.lost("tampered") == {test}, "the restored test must still catch the bug"
-        row = next(line for line in graded.summary.splitlines() if line.startswith("| tampered |"))
+        s = graded.student_of["tampered"]
+        assert test in graded.lost(s), "the restored test must still catch the bug"
+        assert graded.lost(s) == graded.expected[s], (graded.lost(s), graded.expected[s])
+        row = next(line for line in graded.summary.splitlines() if line.startswith(f"| {s} |"))
         assert test in row.split("|")[-2], f"summary must list the edited cell {test}: {row}"
         assert all(line.split("|")[-2].strip() == "-" for line in graded.summary.splitlines()
                    if line.startswith("| full |")), "an honest submission is never reported"
@@ -481,8 +490,9 @@ class CombinedPart:
 
     def test_a_part_that_does_not_compile_costs_only_its_points(self, graded):
         *_, part = BROKEN[self.name]
-        assert graded.lost("syntax-error") == {part}, graded.lost("syntax-error")
-        assert "in its place" in graded.feedback_html("syntax-error"), \
+        s = graded.student_of["syntax-error"]
+        assert part in graded.lost(s) and graded.lost(s) == graded.expected[s], graded.lost(s)
+        assert "in its place" in graded.feedback_html(s), \
             "the feedback must say that the later part ran with the reference"
 
 
@@ -511,18 +521,19 @@ class TestA1(CombinedPart, AssignmentContract):
             assert png.stat().st_size > 10_000, f"{png} is empty"
 
     def test_a_deleted_test_cell_is_restored_graded_and_reported(self, graded):
-        assert graded.lost("deleted-test") == {"a1-mask-tests"}
-        assert graded.scores["deleted-test"]["a1-mask-tests"][1] == 2, "still worth its points"
-        row = next(ln for ln in graded.summary.splitlines() if ln.startswith("| deleted-test |"))
+        s = graded.student_of["deleted-test"]
+        assert "a1-mask-tests" in graded.lost(s) and graded.lost(s) == graded.expected[s]
+        assert graded.scores[s]["a1-mask-tests"][1] == 2, "still worth its points"
+        row = next(ln for ln in graded.summary.splitlines() if ln.startswith(f"| {s} |"))
         assert "a1-mask-tests" in row.split("|")[-2], row
-        assert "was deleted; it was restored" in graded.feedback_html("deleted-test")
+        assert "was deleted; it was restored" in graded.feedback_html(s)
 
     def test_a_part_that_loops_forever_is_cut_off_and_the_rest_graded(self, graded):
         *_, test = LOOPS[self.name]
-        assert graded.lost("loops") == {test}
-        assert "CellTimeoutError" in graded.feedback("loops") or \
-            "KeyboardInterrupt" in graded.feedback("loops")
-        assert "ran past 30 s" in graded.feedback_html("loops"), "say it in words, not KeyboardInterrupt"
+        s = graded.student_of["loops"]
+        assert test in graded.lost(s) and graded.lost(s) == graded.expected[s]
+        assert "CellTimeoutError" in graded.feedback(s) or "KeyboardInterrupt" in graded.feedback(s)
+        assert "ran past 30 s" in graded.feedback_html(s), "say it in words, not KeyboardInterrupt"
 
 
 class TestA2(AssignmentContract):
