@@ -396,7 +396,7 @@ def reference_steps(namespace: dict, names=tuple(STEPS)) -> Iterator[list[str]]:
     missing (its cell failed to run, or it was renamed) is put in too, and a note says so.
     Yields the names it replaced or added.
     """
-    return _swapped_in(namespace, {n: _REAL[n] for n in names}, needed=_FORWARD_NEEDS)
+    return swapped_in(namespace, {n: _REAL[n] for n in names}, needed=_FORWARD_NEEDS)
 
 
 _FORWARD_NEEDS = ("split_heads", "merge_heads", "scaled_scores", "causal_mask", "softmax")
@@ -404,9 +404,10 @@ _FORWARD_NEEDS = ("split_heads", "merge_heads", "scaled_scores", "causal_mask", 
 
 
 @contextmanager
-def _swapped_in(namespace: dict, refs: Mapping[str, Callable],
-                needed: tuple[str, ...] = ()) -> Iterator[list[str]]:
-    """Names in `namespace` (and missing ones from `needed`) set to `refs` within the block."""
+def swapped_in(namespace: dict, refs: Mapping[str, Callable],
+               needed: tuple[str, ...] = ()) -> Iterator[list[str]]:
+    """Names in `namespace` (and missing ones from `needed`) set to `refs` within the block:
+    `reference_steps` for any parts (A5's backward uses it)."""
     present = [n for n in refs if n in namespace]
     missing = [n for n in needed if n in refs and n not in namespace]
     for n in missing:
@@ -421,11 +422,6 @@ def _swapped_in(namespace: dict, refs: Mapping[str, Callable],
         for n in missing:
             namespace.pop(n, None)
         namespace.update(saved)
-
-
-def swapped_in(namespace: dict, refs: Mapping[str, Callable], needed: tuple[str, ...] = ()):
-    """`reference_steps` for any parts: `refs` maps names to the reference for each (A5)."""
-    return _swapped_in(namespace, refs, needed)
 
 
 def as_bool(value: Any, what: str) -> bool:
