@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import checks, steps
+from mha import checks, numpy_mha, steps
 from mha.numpy_mha import MultiHeadAttention, format_ledger
 from tests.reference import attention_loops
 
@@ -150,6 +150,11 @@ def test_python_dash_m_mha_demo_runs():
 def test_the_module_a_student_reads_fits_one_screen():
     from mha.source import show_source
 
-    shown = show_source(MultiHeadAttention, "__init__", "forward")
-    assert shown.lines <= 60, f"__init__ + forward take {shown.lines} lines"
-    assert "steps.softmax" in shown.text and "ledger" not in shown.text.split("def forward")[1]
+    shown = show_source(MultiHeadAttention, "forward")
+    assert shown.lines <= 60, f"forward takes {shown.lines} lines"
+    assert "ledger" not in shown.text and "attention(q, k, v" in shown.text
+    for step in ("linear", "split_heads", "merge_heads"):
+        assert f"steps.{step}" in shown.text, step
+    core = show_source(numpy_mha.attention)
+    for step in ("scaled_scores", "apply_mask", "softmax", "weighted_sum"):
+        assert f"steps.{step}" in core.text, step

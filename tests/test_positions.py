@@ -419,10 +419,10 @@ def test_kv_cache_bytes_shrink_by_the_group_size(h_kv):
     m = MultiHeadAttention(64, 8, dtype=np.float32)
     g = GroupedQueryAttention(64, 8, h_kv, dtype=np.float32)
     mha_bytes = KVCache.for_module(m, 2, 100).nbytes
-    assert g.kv_cache(2, 100).nbytes * (8 // h_kv) == mha_bytes == 2 * 2 * 8 * 100 * 8 * 4
+    assert g.new_cache(2, 100).nbytes * (8 // h_kv) == mha_bytes == 2 * 2 * 8 * 100 * 8 * 4
     tg = TorchGroupedQueryAttention(64, 8, h_kv)
-    assert tg.kv_cache(2, 100).nbytes == g.kv_cache(2, 100).nbytes
-    assert isinstance(tg.kv_cache(2, 100), TorchKVCache)
+    assert tg.new_cache(2, 100).nbytes == g.new_cache(2, 100).nbytes
+    assert isinstance(tg.new_cache(2, 100), TorchKVCache)
 
 
 @pytest.mark.parametrize(("h", "h_kv", "error", "words"), [

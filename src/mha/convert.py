@@ -25,10 +25,11 @@ class WeightConversion:
 
     # ---- weights in one canonical form: (out, in) tensors, q/k/v separate -------------------
     def qkv_weights(self) -> tuple[torch.Tensor, ...]:
-        """(Wq, bq, Wk, bk, Wv, bv) in nn.Linear layout: W (d_model out, d_model in), b (d_model,)."""
+        """(Wq, bq, Wk, bk, Wv, bv) in nn.Linear layout: W (out, d_model in), out = d_model or h_kv d_k."""
         if self.fused_qkv:
-            Wq, Wk, Wv = self.qkv_proj.weight.chunk(3, dim=0)  # 3 x (d_model, d_model)
-            bq, bk, bv = self.qkv_proj.bias.chunk(3, dim=0)  # 3 x (d_model,)
+            sizes = [self.d_model, self.n_kv_heads * self.d_k, self.n_kv_heads * self.d_k]
+            Wq, Wk, Wv = self.qkv_proj.weight.split(sizes, dim=0)  # (d, d), 2 x (h_kv d_k, d)
+            bq, bk, bv = self.qkv_proj.bias.split(sizes, dim=0)
             return Wq, bq, Wk, bk, Wv, bv
         return (self.q_proj.weight, self.q_proj.bias, self.k_proj.weight, self.k_proj.bias,
                 self.v_proj.weight, self.v_proj.bias)
@@ -36,10 +37,11 @@ class WeightConversion:
     @torch.no_grad()
     def load_weights_(self, Wq, bq, Wk, bk, Wv, bv, Wo, bo) -> WeightConversion:
         """Copy eight tensors in nn.Linear layout (W (out, in)) into this module; returns self."""
-        d = self.d_model
-        for name, w in (("Wq", Wq), ("Wk", Wk), ("Wv", Wv), ("Wo", Wo)):
-            if tuple(w.shape) != (d, d):
-                raise ValueError(f"{name} must be (d_model={d}, d_model={d}), got {tuple(w.shape)}")
+        d, d_kv = self.d_model, self.n_kv_heads * self.d_k
+        for name, w, out in (("Wq", Wq, d), ("Wk", Wk, d_kv), ("Wv", Wv, d_kv), ("Wo", Wo, d)):
+            if tuple(w.shape) != (out, d):
+                what = "d_model" if out == d else "n_kv_heads * d_k"
+                raise ValueError(f"{name} must be ({what}={out}, d_model={d}), got {tuple(w.shape)}")
         if self.fused_qkv:
             self.qkv_proj.weight.copy_(torch.cat([Wq, Wk, Wv], dim=0))  # (3*d_model, d_model)
             self.qkv_proj.bias.copy_(torch.cat([bq, bk, bv], dim=0))  # (3*d_model,)
@@ -62,12 +64,15 @@ class WeightConversion:
         """A torch module with the numpy module's weights (transposed to (out, in)); dtype defaults to numpy's."""
         if dtype is None:
             dtype = torch.float64 if np_module.dtype == np.float64 else torch.float32
+        for name, value in np_module.options.kwargs().items():
+            kwargs.setdefault(name, value)  # the same options: GQA heads, RoPE, ALiBi, window
         m = cls(np_module.d_model, np_module.n_heads, dtype=dtype, **kwargs)
         return m.load_numpy_(np_module)
 
     def to_numpy(self, dtype=np.float64) -> numpy_mha.MultiHeadAttention:
         """A numpy module with this module's weights, transposed back to numpy's (in, out) layout."""
-        out = numpy_mha.MultiHeadAttention(self.d_model, self.n_heads, dtype=dtype)
+        out = numpy_mha.MultiHeadAttention(self.d_model, self.n_heads, dtype=dtype,
+                                           **self.options.kwargs())
         Wq, bq, Wk, bk, Wv, bv = (p.detach().cpu().double().numpy().astype(dtype)
                                   for p in self.qkv_weights())
         Wo, bo = (p.detach().cpu().double().numpy().astype(dtype)

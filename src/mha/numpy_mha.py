@@ -6,9 +6,18 @@ import math
 
 import numpy as np
 
-from . import ledger, steps
+from . import compose, ledger, steps
+from .kv_cache import KVCache
 from .ledger import LedgerRow, format_ledger  # noqa: F401  (re-exported for callers)
-from .validate import mask_shape, require_float, require_heads, require_query_and_context
+from .validate import (
+    mask_shape,
+    require_float,
+    require_heads,
+    require_int,
+    require_query_and_context,
+    require_shape,
+    shape_of,
+)
 
 # What `trace` writes for each step call, in call order (see mha.ledger).
 LEDGER_LABELS = {
@@ -26,28 +35,88 @@ LEDGER_LABELS = {
 }
 
 
-class MultiHeadAttention:
-    """Multi-head attention forward pass in plain numpy.
+def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
+    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k): each key/value head n_rep times in a row.
 
-    Weights: four (d_model, d_model) matrices drawn from N(0, 1/d_model), applied as
-    `x @ W` (in, out), and four zero biases. Shapes: x (B, T, d_model) -> (B, T, d_model).
+    Head j of the result is head j // n_rep, the order of torch's repeat_interleave and of
+    SDPA's enable_gqa: query heads 0..g-1 share key/value head 0, and so on.
+    """
+    n_rep = require_int("n_rep", n_rep)
+    require_shape("x", x, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
+    return x if n_rep == 1 else np.repeat(x, n_rep, axis=1)  # (B, h_kv * n_rep, S, d_k)
+
+
+def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
+              bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 3-6, the one numpy attention core: q (B,h,T,d_k), k, v (B,h_kv,S,d_k) -> (out, weights).
+
+    out (B, h, T, d_k) and the weights (B, h, T, S). h_kv must divide h (grouped-query heads
+    are shared, as `repeat_kv` lays them out). `mask` is boolean, True = may attend, and
+    `bias` is added to the scaled scores before the mask (ALiBi, relative positions); both
+    broadcast to (B, h, T, S). Every module, position scheme, cache and variant ends here.
+    """
+    require_shape("k", k, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
+    h, h_kv = shape_of(q)[1], shape_of(k)[1]
+    if h_kv != h:
+        k, v = (repeat_kv(a, _group(h, h_kv)) for a in (k, v))  # (B, h, S, d_k): shared heads
+    scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
+    if bias is not None:
+        scores = scores + _broadcast("bias", bias, scores).astype(scores.dtype)  # after scaling
+    if mask is not None:
+        scores = steps.apply_mask(scores, mask)  # 4) -inf where masked, after the bias
+    weights = steps.softmax(scores)  # 5) (B, h, T, S): rows sum to 1 (or are 0 if all masked)
+    return steps.weighted_sum(weights, v), weights  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+
+
+def _group(h: int, h_kv: int) -> int:
+    """g = h / h_kv query heads per key/value head; a clear error if h_kv does not divide h."""
+    if h_kv < 1 or h % h_kv:
+        raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
+                         f"(grouped-query attention), got h_kv={h_kv}")
+    return h // h_kv
+
+
+def _broadcast(name: str, a: np.ndarray, scores: np.ndarray) -> np.ndarray:
+    """a, checked to broadcast to the scores (B, h, T, S)."""
+    try:
+        np.broadcast_shapes(shape_of(a), shape_of(scores))
+    except ValueError:
+        raise ValueError(f"{name} {shape_of(a)} must broadcast to the scores (B, h, T, S) = "
+                         f"{shape_of(scores)}") from None
+    return a
+
+
+class MultiHeadAttention:
+    """Multi-head attention forward pass in plain numpy, with the production features as options.
+
+    Weights: Wq, Wo (d_model, d_model) and Wk, Wv (d_model, h_kv * d_k) drawn from
+    N(0, 1/d_model), applied as `x @ W` (in, out), and zero biases. With the defaults this is
+    the seven steps of the lessons; the options (see `mha.compose`) only change what the core
+    gets: `n_kv_heads` (grouped-query / multi-query attention), `rope` ("half" or
+    "interleaved"), `alibi`, `window` (a causal sliding window). Shapes: x (B, T, d_model) ->
+    (B, T, d_model).
     """
 
-    def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64):
+    def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64, *,
+                 n_kv_heads: int | None = None, rope: str | None = None, rope_base: float = 10000.0,
+                 alibi: bool = False, window: int | None = None):
         self.d_k = require_heads(d_model, n_heads)
         self.d_model, self.n_heads = int(d_model), int(n_heads)
+        self.options = compose.check_options(self.n_heads, self.d_k, n_kv_heads, rope, rope_base,
+                                             alibi, window)
+        self.n_kv_heads = self.options.n_kv_heads
+        self.group = self.n_heads // self.n_kv_heads  # g query heads per key/value head
         self.dtype = np.dtype(dtype)
         if not np.issubdtype(self.dtype, np.floating):
             raise TypeError(f"dtype must be a floating-point type, got {self.dtype}")
         rng = np.random.default_rng(seed)
         # std 1/sqrt(d_model): each projected feature sums d_model products of unit-variance
         # inputs, so its variance stays ~1 instead of growing with the width.
-        std = 1.0 / math.sqrt(d_model)
-        shape = (d_model, d_model)
-        self.Wq, self.Wk, self.Wv, self.Wo = (
-            rng.normal(0.0, std, shape).astype(self.dtype) for _ in range(4)
-        )
-        self.bq, self.bk, self.bv, self.bo = (np.zeros(d_model, self.dtype) for _ in range(4))
+        std, d_kv = 1.0 / math.sqrt(d_model), self.n_kv_heads * self.d_k
+        shapes = [(d_model, d_model), (d_model, d_kv), (d_model, d_kv), (d_model, d_model)]
+        self.Wq, self.Wk, self.Wv, self.Wo = (rng.normal(0.0, std, s).astype(self.dtype) for s in shapes)
+        self.bq, self.bo = np.zeros(d_model, self.dtype), np.zeros(d_model, self.dtype)
+        self.bk, self.bv = np.zeros(d_kv, self.dtype), np.zeros(d_kv, self.dtype)
         self.attn: np.ndarray | None = None
 
     def parameters(self) -> list[np.ndarray]:
@@ -55,43 +124,42 @@ class MultiHeadAttention:
         return [self.Wq, self.bq, self.Wk, self.bk, self.Wv, self.bv, self.Wo, self.bo]
 
     def num_parameters(self) -> int:
-        """Total number of learnable numbers (4 * d_model**2 + 4 * d_model)."""
+        """Total number of learnable numbers (4 * d_model**2 + 4 * d_model without GQA)."""
         return sum(p.size for p in self.parameters())
 
     def __repr__(self) -> str:
+        extra = self.options.describe(self.n_heads)
         return (f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "
-                f"d_k={self.d_k}, dtype={self.dtype})")
+                f"d_k={self.d_k}, dtype={self.dtype}{', ' + extra if extra else ''})")
 
-    def __call__(self, x, context=None, causal=False, mask=None) -> np.ndarray:
-        return self.forward(x, context=context, causal=causal, mask=mask)
+    def __call__(self, x, context=None, causal=False, mask=None, positions=None, cache=None):
+        return self.forward(x, context, causal, mask, positions, cache)
 
-
-    def forward(
-        self,
-        x: np.ndarray,
-        context: np.ndarray | None = None,
-        causal: bool = False,
-        mask: np.ndarray | None = None,
-    ) -> np.ndarray:
+    def forward(self, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
+                mask: np.ndarray | None = None, positions: np.ndarray | None = None,
+                cache: KVCache | None = None) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
-        `causal=True` lets query t see keys s <= t. `mask` is boolean, True = may attend,
-        shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
-        The attention weights (B, h, T, S) are kept on `self.attn`.
+        `causal=True` lets a query see keys at positions <= its own. `mask` is boolean, True =
+        may attend, (T, S), (B, T, S) or (B|1, h|1, T, S), combined with the rest. `positions`
+        (T,) or (B, T) ints (default 0..T-1, or after the cache; negative = padding). `cache`
+        (self-attention only) keeps k, v for the next call. The weights stay on `self.attn`.
         """
-        B, T, S = self._check_inputs(x, context)
-        allowed = self.allowed(B, T, S, causal, mask)  # None, or True where query t may see key s
+        B, T, S = self._check_inputs(x, context, mask, cache)
+        q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
+        k_pos = q_pos if context is None else np.arange(S)  # (T,)|(B, T), or the context's 0..S-1
         ctx = x if context is None else context
-        h = self.n_heads
         q = steps.linear(x, self.Wq, self.bq)  # 1) (B, T, d_model): three views of the tokens
-        k = steps.linear(ctx, self.Wk, self.bk)  #    (B, S, d_model)
-        v = steps.linear(ctx, self.Wv, self.bv)  #    (B, S, d_model)
-        q, k, v = (steps.split_heads(a, h) for a in (q, k, v))  # 2) (B, h, T|S, d_k)
-        scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
-        if allowed is not None:
-            scores = steps.apply_mask(scores, allowed)  # 4) -inf where masked, before softmax
-        self.attn = steps.softmax(scores)  # 5) (B, h, T, S): rows sum to 1
-        heads = steps.weighted_sum(self.attn, v)  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+        k = steps.linear(ctx, self.Wk, self.bk)  #    (B, S, h_kv * d_k)
+        v = steps.linear(ctx, self.Wv, self.bv)  #    (B, S, h_kv * d_k)
+        q = steps.split_heads(q, self.n_heads)  # 2) (B, h, T, d_k)
+        k, v = (steps.split_heads(a, self.n_kv_heads) for a in (k, v))  # (B, h_kv, S, d_k)
+        q, k = compose.rotate(q, q_pos, self.options), compose.rotate(k, k_pos, self.options)
+        if cache is not None:  # the past joins: k, v (B, h_kv, S_all, d_k), k_pos (B, S_all)
+            k, v, k_pos = cache.update(k, v, np.broadcast_to(k_pos, (B, T)))
+        allowed = compose.allowed(q_pos, k_pos, causal, self.options.window, mask, B, self.n_heads)
+        bias = compose.alibi(self.options, self.n_heads, q_pos, k_pos)  # None without ALiBi
+        heads, self.attn = attention(q, k, v, allowed, bias)  # 3-6) scores, mask, softmax, sum
         merged = steps.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return steps.linear(merged, self.Wo, self.bo)  # ... then the output projection
 
@@ -101,17 +169,15 @@ class MultiHeadAttention:
             self.forward(x, context=context, causal=causal, mask=mask)
         return ledger.input_rows(x, context) + rows
 
+    def new_cache(self, B: int, max_len: int) -> KVCache:
+        """A KV cache for this module: (B, h_kv, max_len, d_k), or a ring of `window` slots."""
+        return KVCache(B, self.n_kv_heads, max_len, self.d_k, self.dtype, window=self.options.window)
+
     def allowed(self, B: int, T: int, S: int, causal: bool, mask) -> np.ndarray | None:
         """Combine `causal` and `mask` into one boolean array that broadcasts to (B, h, T, S)."""
-        allowed = None
-        if mask is not None:
-            allowed = np.asarray(mask).reshape(mask_shape(mask, B, self.n_heads, T, S))
-        if causal:
-            tril = steps.causal_mask(T, S)  # (T, S)
-            allowed = tril if allowed is None else allowed & tril
-        return allowed
+        return compose.allowed(np.arange(T), np.arange(S), causal, None, mask, B, self.n_heads)
 
-    def _check_inputs(self, x, context) -> tuple[int, int, int]:
+    def _check_inputs(self, x, context, mask=None, cache=None) -> tuple[int, int, int]:
         B, T, S = require_query_and_context(x, context, self.d_model)
         for name, a in (("x", x), ("context", context)):
             if a is not None and a.dtype != self.dtype:
@@ -121,4 +187,7 @@ class MultiHeadAttention:
                     f"(convert with .astype(np.{self.dtype}) or build the module with "
                     f"dtype=np.{a.dtype})"
                 )
+        compose.check_cache(self, cache, KVCache, B, T, context, mask)
+        if mask is not None:
+            mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S

@@ -33,14 +33,14 @@ conversion script does).
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import math
 from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
-from torch import nn
 from torch.nn.attention.flex_attention import (
     BlockMask,
     and_masks,
@@ -48,92 +48,27 @@ from torch.nn.attention.flex_attention import (
     flex_attention,
 )
 
-from . import numpy_mha, steps, torch_mha
-from .kv_cache import KVCache, TorchKVCache
-from .validate import require_float, require_heads, require_int, shape_of
+from . import compose, masks, numpy_mha, steps, torch_mha
+from .posenc import (  # noqa: F401  (RoPE and ALiBi, re-exported: the lessons reach them here)
+    _rotate,
+    alibi_bias,
+    alibi_slopes,
+    check_positions,
+    rope,
+    rope_frequencies,
+    rope_permutation,
+    rope_tables,
+    rotate_half,
+    rotate_pairs,
+    torch_alibi_bias,
+)
+from .validate import is_torch, require_heads, require_int, shape_of
 
 ScoreFn = Callable[[np.ndarray, np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 """score_fn(q (B, h, T, d_k), k (B, h, S, d_k), q_positions (T,), k_positions (S,)) -> (B, h, T, S)."""
 
 
-def _is_torch(x: Any) -> bool:
-    return isinstance(x, torch.Tensor)
-
-
-# ---- RoPE: rotary position embedding -------------------------------------------------------------
-def rope_frequencies(d_k: int, base: float = 10000.0) -> np.ndarray:
-    """(d_k/2,) angular speeds theta_i = base^(-2i/d_k): pair 0 turns 1 rad per position, the last slowest."""
-    d_k = require_int("d_k", d_k)
-    if d_k % 2:
-        raise ValueError(f"RoPE turns features in pairs, so d_k must be even, got d_k={d_k}")
-    if isinstance(base, bool) or not isinstance(base, int | float) or not base > 1:
-        raise ValueError(f"base must be a number > 1 (the usual one is 10000.0), got {base!r}")
-    return float(base) ** (-np.arange(0, d_k, 2, dtype=np.float64) / d_k)  # (d_k/2,)
-
-
-def check_positions(positions: Any, T: int) -> np.ndarray:
-    """Return positions as a (T,) int64 numpy array; the default is 0..T-1."""
-    if positions is None:
-        return np.arange(T)
-    p = positions.detach().cpu().numpy() if _is_torch(positions) else np.asarray(positions)
-    if p.ndim != 1 or p.shape[0] != T:
-        raise ValueError(f"positions must be (T={T},), one whole number per token, got shape {p.shape}")
-    if not np.issubdtype(p.dtype, np.integer):
-        raise TypeError(f"positions must hold whole numbers (an int array), got dtype {p.dtype}")
-    return p.astype(np.int64)
-
-
-def rope_tables(positions: Any, d_k: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
-    """cos and sin of every angle for positions (T,) ints: two (T, d_k) float64 tables, half-split layout.
-
-    Feature i and feature i + d_k/2 form pair i, so both halves repeat the same d_k/2 angles.
-    Computed in float64 whatever x's dtype: position * theta reaches thousands of radians, and
-    float32 would lose the angle's fractional part that the rotation depends on.
-    """
-    theta = rope_frequencies(d_k, base)  # (d_k/2,)
-    p = check_positions(positions, len(positions)).astype(np.float64)  # (T,)
-    angles = p[:, None] * theta[None, :]  # (T, 1) * (1, d_k/2) -> (T, d_k/2)
-    angles = np.concatenate([angles, angles], axis=-1)  # (T, d_k): pair i's angle in both halves
-    return np.cos(angles), np.sin(angles)
-
-
-def rotate_half(x: Any) -> Any:
-    """(x1, x2) -> (-x2, x1) on the two halves of the last axis: a quarter turn of every pair."""
-    half = x.shape[-1] // 2
-    x1, x2 = x[..., :half], x[..., half:]  # (..., d_k/2) each
-    if _is_torch(x):
-        return torch.cat([-x2, x1], dim=-1)  # (..., d_k)
-    return np.concatenate([-x2, x1], axis=-1)  # (..., d_k)
-
-
-def _rotate(x: Any, cos: np.ndarray, sin: np.ndarray) -> Any:
-    """x * cos + rotate_half(x) * sin with (T, d_k) tables cast to x's dtype (and device)."""
-    if _is_torch(x):
-        cos = torch.as_tensor(cos, dtype=x.dtype, device=x.device)
-        sin = torch.as_tensor(sin, dtype=x.dtype, device=x.device)
-    else:
-        cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
-    # pair i: (a, b) -> (a cos - b sin, b cos + a sin), a rotation by the pair's angle
-    return x * cos + rotate_half(x) * sin  # (..., T, d_k) * (T, d_k) -> (..., T, d_k)
-
-
-def rope(x: Any, positions: Any = None, base: float = 10000.0) -> Any:
-    """Rotate every feature pair of x (..., T, d_k) by position * theta_i; numpy or torch, dtype kept.
-
-    positions: (T,) whole numbers, default 0..T-1 (give S - T + arange(T) to a chunk that follows
-    S - T cached tokens). Half-split pairs (i, i + d_k/2), as GPT-NeoX and Hugging Face Llama.
-    """
-    require_float("x", x)
-    if len(shape_of(x)) < 2:
-        raise ValueError(f"x must be (..., T, d_k), at least 2-D, got {shape_of(x)}")
-    T, d_k = shape_of(x)[-2:]
-    if d_k % 2:
-        raise ValueError(f"RoPE turns features in pairs, so d_k must be even, got d_k={d_k} "
-                         f"(x of shape {shape_of(x)})")
-    cos, sin = rope_tables(check_positions(positions, T), d_k, base)  # 2 x (T, d_k), float64
-    return _rotate(x, cos, sin)  # (..., T, d_k)
-
-
+# ---- RoPE and ALiBi live in mha.posenc (the modules use them too); re-exported here ---------------
 _rope = rope  # attend's flag is called `rope` too
 
 
@@ -262,59 +197,11 @@ def check_relative(score_fn: ScoreFn, d_k: int = 8, T: int = 4, S: int = 6, shif
     raise AssertionError(f"relative: {problem}. {cause}")
 
 
-# ---- ALiBi: a linear penalty on distance, one slope per head ---------------------------------------
-def _geometric(p: int) -> np.ndarray:
-    """(p,) slopes for p heads (p a power of two): 2^(-8/p), 2^(-16/p), ..., 2^(-8)."""
-    return 2.0 ** (-8.0 * np.arange(1, p + 1) / p)
-
-
-def alibi_slopes(n_heads: int) -> np.ndarray:
-    """(h,) float64 ALiBi slopes: geometric for a power of two; otherwise the paper's rule.
-
-    For h not a power of two, take the 2^floor(log2 h) slopes, then every other slope of the
-    next power of two's sequence until there are h (Press et al., 2022, and their code).
-    """
-    n = require_int("n_heads", n_heads)
-    p = 2 ** int(math.floor(math.log2(n)))  # the largest power of two <= n
-    extra = _geometric(2 * p)[0::2][: n - p]  # (n - p,): slopes in between p's, the steep ones first
-    return np.concatenate([_geometric(p), extra])  # (h,)
-
-
-def alibi_bias(n_heads: int, T: int, S: int | None = None, offset: int = 0) -> np.ndarray:
-    """(h, T, S) float64: -slope_head * |distance|, 0 where query t + offset and key s coincide.
-
-    Query t sits at position t + offset (offset = S - T for a chunk after a cache). Keys behind
-    the query get -slope * (t + offset - s); keys AHEAD get -slope * (s - t - offset) as well (a
-    symmetric penalty): a causal mask removes them anyway, and without one this is the natural
-    bidirectional choice. Add it to the scores after scaling, like SDPA's float attn_mask.
-    """
-    slopes = alibi_slopes(n_heads)  # (h,)
-    T = require_int("T", T)
-    S = T if S is None else require_int("S", S)
-    if isinstance(offset, bool) or not isinstance(offset, int | np.integer):
-        raise TypeError(f"offset must be an int, got {type(offset).__name__} {offset!r}")
-    distance = np.abs(np.arange(T)[:, None] + offset - np.arange(S)[None, :])  # (T, S)
-    # slope * -distance (not -(slope * distance)): the diagonal stays +0.0, not -0.0
-    return slopes[:, None, None] * -distance[None, :, :]  # (h, 1, 1) * (1, T, S) -> (h, T, S)
-
-
-def torch_alibi_bias(n_heads: int, T: int, S: int | None = None, offset: int = 0,
-                     dtype: torch.dtype = torch.float32, device=None) -> torch.Tensor:
-    """alibi_bias as a torch tensor (h, T, S) of `dtype` on `device` (computed in float64 first)."""
-    return torch.as_tensor(alibi_bias(n_heads, T, S, offset), dtype=dtype, device=device)
-
-
 # ---- grouped-query attention: fewer key/value heads ------------------------------------------------
 def check_kv_heads(n_heads: int, n_kv_heads: int) -> int:
     """Check n_kv_heads divides n_heads; return the group size g = n_heads // n_kv_heads."""
     n_heads = require_int("n_heads", n_heads)
-    n_kv_heads = require_int("n_kv_heads", n_kv_heads)
-    if n_heads % n_kv_heads:
-        valid = ", ".join(str(d) for d in range(1, n_heads + 1) if n_heads % d == 0)
-        raise ValueError(f"n_kv_heads={n_kv_heads} must divide n_heads={n_heads} (each key/value "
-                         f"head serves n_heads / n_kv_heads query heads); n_kv_heads could be one "
-                         f"of {valid}")
-    return n_heads // n_kv_heads
+    return n_heads // compose.check_options(n_heads, 2, n_kv_heads).n_kv_heads
 
 
 def repeat_kv(x: Any, n_rep: int) -> Any:
@@ -323,11 +210,7 @@ def repeat_kv(x: Any, n_rep: int) -> Any:
     Head j of the result is key/value head j // n_rep: query heads 0..g-1 share kv head 0, and
     so on. The same order as torch's repeat_interleave(n_rep, dim=1) and SDPA's enable_gqa.
     """
-    if n_rep == 1:
-        return x
-    if _is_torch(x):
-        return x.repeat_interleave(n_rep, dim=1)  # (B, h_kv, S, d_k) -> (B, h, S, d_k)
-    return np.repeat(x, n_rep, axis=1)  # (B, h_kv, S, d_k) -> (B, h, S, d_k)
+    return (torch_mha.repeat_kv if is_torch(x) else numpy_mha.repeat_kv)(x, n_rep)
 
 
 def gqa_param_count(d_model: int, n_heads: int, n_kv_heads: int) -> int:
@@ -341,43 +224,25 @@ def gqa_param_count(d_model: int, n_heads: int, n_kv_heads: int) -> int:
     return 2 * (d_model + 1) * (d_model + n_kv_heads * d_k)
 
 
-class GroupedQueryAttention:
+class GroupedQueryAttention(numpy_mha.MultiHeadAttention):
     """Grouped-query attention in numpy: h query heads share h_kv key/value heads (MQA: h_kv = 1).
 
-    Wq, Wo: (d_model, d_model); Wk, Wv: (d_model, h_kv * d_k); biases zero. Drawn like
-    MultiHeadAttention (same seed, same order), so h_kv = h gives exactly its weights.
-    Shapes: x (B, T, d_model) -> (B, T, d_model); weights (B, h, T, S) kept on `.attn`.
+    The numpy MultiHeadAttention with `n_kv_heads` set (same seed, same draws): Wq, Wo
+    (d_model, d_model); Wk, Wv (d_model, h_kv * d_k). Its cache is (B, h_kv, max_len, d_k).
     """
 
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, seed: int = 0,
-                 dtype=np.float64):
-        self.d_k = require_heads(d_model, n_heads)
-        self.group = check_kv_heads(n_heads, n_kv_heads)  # g query heads per kv head
-        self.d_model, self.n_heads, self.n_kv_heads = int(d_model), int(n_heads), int(n_kv_heads)
-        self.dtype = np.dtype(dtype)
-        if not np.issubdtype(self.dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {self.dtype}")
-        rng = np.random.default_rng(seed)
-        std, d_kv = 1.0 / math.sqrt(d_model), n_kv_heads * self.d_k
-        shapes = [(d_model, d_model), (d_model, d_kv), (d_model, d_kv), (d_model, d_model)]
-        self.Wq, self.Wk, self.Wv, self.Wo = (rng.normal(0.0, std, s).astype(self.dtype) for s in shapes)
-        self.bq, self.bo = np.zeros(d_model, self.dtype), np.zeros(d_model, self.dtype)
-        self.bk, self.bv = np.zeros(d_kv, self.dtype), np.zeros(d_kv, self.dtype)
-        self.attn: np.ndarray | None = None
+                 dtype=np.float64, **options):
+        super().__init__(d_model, n_heads, seed, dtype, n_kv_heads=n_kv_heads, **options)
 
-    def forward(self, x, context=None, causal=False, mask=None, rope=False, alibi=False) -> np.ndarray:
+    def forward(self, x, context=None, causal=False, mask=None, positions=None, cache=None,
+                rope=False, alibi=False) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (default x) -> (B, T, d_model); see `attend`."""
-        return attend(self, x, context, causal, mask, rope=rope, alibi=alibi)
+        if rope or alibi:
+            return attend(self, x, context, causal, mask, rope=rope, alibi=alibi)
+        return super().forward(x, context, causal, mask, positions, cache)
 
     __call__ = forward
-    parameters = numpy_mha.MultiHeadAttention.parameters  # [Wq, bq, Wk, bk, Wv, bv, Wo, bo]
-    num_parameters = numpy_mha.MultiHeadAttention.num_parameters
-    allowed = numpy_mha.MultiHeadAttention.allowed  # same causal + mask logic (h = query heads)
-    _check_inputs = numpy_mha.MultiHeadAttention._check_inputs  # same input errors
-
-    def kv_cache(self, B: int, max_len: int) -> KVCache:
-        """A KV cache that fits this module: (B, h_kv, max_len, d_k), h / h_kv times smaller than MHA's."""
-        return KVCache(B, self.n_kv_heads, max_len, self.d_k, self.dtype)
 
     @classmethod
     def from_mha(cls, mha: numpy_mha.MultiHeadAttention, n_kv_heads: int) -> GroupedQueryAttention:
@@ -397,83 +262,49 @@ class GroupedQueryAttention:
                 f"n_kv_heads={self.n_kv_heads}, d_k={self.d_k}, dtype={self.dtype})")
 
 
-def _kv_heads(module) -> int:
-    """h_kv of a module: its n_kv_heads, or n_heads for plain multi-head attention."""
-    return getattr(module, "n_kv_heads", module.n_heads)
+def with_positions(module, rope: bool = False, alibi: bool = False):
+    """A view of `module` (numpy or torch) that also uses RoPE ("half") and/or ALiBi; weights shared."""
+    view = copy.copy(module)  # shallow: the same weight arrays / parameters, its own options
+    view.options = dataclasses.replace(module.options, rope="half" if rope else module.options.rope,
+                                       alibi=alibi or module.options.alibi)
+    return view
 
 
-# ---- the seven steps with positions (numpy) --------------------------------------------------------
+# ---- the seven steps with positions, per call ---------------------------------------------------
 def attend(module, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
            mask: np.ndarray | None = None, rope: bool = False, alibi: bool = False) -> np.ndarray:
-    """The seven steps of `module` (MultiHeadAttention or GroupedQueryAttention) with positions added.
+    """`module`'s forward with RoPE and/or ALiBi switched on for this call (numpy).
 
     rope=True rotates q (positions 0..T-1) and k (0..S-1) just before the scores; alibi=True adds
     alibi_bias(h, T, S) to the scaled scores before the mask. The weights (B, h, T, S) are kept
     on module.attn. x (B, T, d_model), context (B, S, d_model; default x) -> (B, T, d_model).
     """
-    B, T, S = module._check_inputs(x, context)
-    allowed = module.allowed(B, T, S, causal, mask)  # None, or True where query t may see key s
-    ctx = x if context is None else context
-    h, h_kv = module.n_heads, _kv_heads(module)
-    q = steps.linear(x, module.Wq, module.bq)  # 1) (B, T, d_model)
-    k = steps.linear(ctx, module.Wk, module.bk)  #    (B, S, h_kv * d_k)
-    v = steps.linear(ctx, module.Wv, module.bv)  #    (B, S, h_kv * d_k)
-    q = steps.split_heads(q, h)  # 2) (B, h, T, d_k)
-    k, v = steps.split_heads(k, h_kv), steps.split_heads(v, h_kv)  # (B, h_kv, S, d_k)
-    if rope:  # positions enter here: q and k turn, v does not (it carries content, not position)
-        q, k = _rope(q), _rope(k)  # (B, h, T, d_k), (B, h_kv, S, d_k)
-    k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (B, h, S, d_k): share kv heads
-    scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
-    if alibi:  # a fixed penalty per distance, added after scaling (as SDPA adds attn_mask)
-        scores = scores + alibi_bias(h, T, S).astype(scores.dtype)  # (B,h,T,S) + (h,T,S)
-    if allowed is not None:
-        scores = steps.apply_mask(scores, allowed)  # 4) -inf where masked, after the bias
-    module.attn = steps.softmax(scores)  # 5) (B, h, T, S)
-    heads = steps.weighted_sum(module.attn, v)  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
-    merged = steps.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
-    return steps.linear(merged, module.Wo, module.bo)  # ... then the output projection
+    view = with_positions(module, rope, alibi)
+    out = numpy_mha.MultiHeadAttention.forward(view, x, context, causal, mask)
+    module.attn = view.attn
+    return out
 
 
 # ---- the torch twins -------------------------------------------------------------------------------
-class TorchGroupedQueryAttention(nn.Module):
+class TorchGroupedQueryAttention(torch_mha.MultiHeadAttention):
     """Grouped-query attention on SDPA, the twin of GroupedQueryAttention (same seed, same weights).
 
     k_proj, v_proj: Linear(d_model, h_kv * d_k). `use_enable_gqa=True` hands SDPA the h_kv heads
     with enable_gqa=True; False repeats them first (repeat_kv), the explicit way.
     """
 
-    fused_qkv = False  # separate q_proj, k_proj, v_proj, so torch_mha.project_qkv works as is
-
     def __init__(self, d_model: int, n_heads: int, n_kv_heads: int, seed: int = 0,
-                 dtype: torch.dtype = torch.float32, device=None, use_enable_gqa: bool = True):
-        super().__init__()
-        self.d_k = require_heads(d_model, n_heads)
-        self.group = check_kv_heads(n_heads, n_kv_heads)
-        self.d_model, self.n_heads, self.n_kv_heads = int(d_model), int(n_heads), int(n_kv_heads)
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-        self.dtype, self.use_enable_gqa = dtype, use_enable_gqa
-        kw, d_kv = {"dtype": dtype, "device": device}, n_kv_heads * self.d_k
-        self.q_proj, self.out_proj = nn.Linear(d_model, d_model, **kw), nn.Linear(d_model, d_model, **kw)
-        self.k_proj, self.v_proj = nn.Linear(d_model, d_kv, **kw), nn.Linear(d_model, d_kv, **kw)
-        self.load_numpy_(GroupedQueryAttention(d_model, n_heads, n_kv_heads, seed=seed))
+                 dtype: torch.dtype = torch.float32, device=None, use_enable_gqa: bool = True,
+                 **options):
+        super().__init__(d_model, n_heads, seed, dtype, device=device, n_kv_heads=n_kv_heads,
+                         use_enable_gqa=use_enable_gqa, **options)
 
-    def forward(self, x, context=None, causal=False, mask=None, rope=False, alibi=False) -> torch.Tensor:
+    def forward(self, x, context=None, causal=False, mask=None, positions=None, cache=None,
+                rope=False, alibi=False) -> torch.Tensor:
         """Attend from x (B, T, d_model) to context (default x) -> (B, T, d_model); see `torch_attend`."""
-        return torch_attend(self, x, context, causal, mask, rope=rope, alibi=alibi)
-
-    _check_inputs = torch_mha.MultiHeadAttention._check_inputs  # same input errors as torch MHA
-
-    @torch.no_grad()
-    def load_numpy_(self, np_module: GroupedQueryAttention) -> TorchGroupedQueryAttention:
-        """Copy a numpy GQA's weights: numpy W is (in, out), nn.Linear's weight (out, in), so transpose."""
-        for lin, W, b in ((self.q_proj, np_module.Wq, np_module.bq), (self.k_proj, np_module.Wk, np_module.bk),
-                          (self.v_proj, np_module.Wv, np_module.bv), (self.out_proj, np_module.Wo, np_module.bo)):
-            if tuple(lin.weight.shape) != W.T.shape:
-                raise ValueError(f"weights (out, in) = {tuple(lin.weight.shape)} expected, got {W.T.shape}")
-            lin.weight.copy_(torch.as_tensor(np.ascontiguousarray(W.T)))  # (in, out) -> (out, in)
-            lin.bias.copy_(torch.as_tensor(b))
-        return self
+        if rope or alibi:
+            return torch_attend(self, x, context, causal, mask, rope=rope, alibi=alibi)
+        return super().forward(x, context, causal, mask, positions, cache)
 
     @classmethod
     def from_numpy(cls, np_module: GroupedQueryAttention, dtype: torch.dtype | None = None,
@@ -484,48 +315,12 @@ class TorchGroupedQueryAttention(nn.Module):
         m = cls(np_module.d_model, np_module.n_heads, np_module.n_kv_heads, dtype=dtype, **kwargs)
         return m.load_numpy_(np_module)
 
-    def kv_cache(self, B: int, max_len: int) -> TorchKVCache:
-        """A torch KV cache that fits this module: (B, h_kv, max_len, d_k) on its device."""
-        return TorchKVCache(B, self.n_kv_heads, max_len, self.d_k, self.dtype, self.out_proj.weight.device)
-
-    def extra_repr(self) -> str:
-        return (f"d_model={self.d_model}, n_heads={self.n_heads}, n_kv_heads={self.n_kv_heads}, "
-                f"d_k={self.d_k}, dtype={self.dtype}, use_enable_gqa={self.use_enable_gqa}")
-
-
-def _torch_qkv(module, x: torch.Tensor, ctx: torch.Tensor,
-               rope: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Steps 1-2 (and RoPE) on a torch module: q (B, h, T, d_k), k and v (B, h_kv, S, d_k)."""
-    q, k, v = torch_mha.project_qkv(module, x, ctx)  # 1) (B, T, d_model), 2 x (B, S, h_kv * d_k)
-    q = torch_mha.split_heads(q, module.n_heads)  # 2) (B, h, T, d_k)
-    k, v = (torch_mha.split_heads(a, _kv_heads(module)) for a in (k, v))  # (B, h_kv, S, d_k)
-    if rope:
-        q, k = _rope(q), _rope(k)  # q at 0..T-1, k at 0..S-1
-    return q, k, v
-
 
 def torch_attend(module, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
                  mask=None, rope: bool = False, alibi: bool = False) -> torch.Tensor:
-    """Twin of `attend` on a torch MultiHeadAttention or TorchGroupedQueryAttention, through SDPA.
-
-    ALiBi goes in as a float attn_mask: the bias, with -inf where `causal`/`mask` forbid a key.
-    Fewer kv heads: enable_gqa=True (or repeat_kv when module.use_enable_gqa is False).
-    """
-    B, T, S = module._check_inputs(x, context)
-    h, h_kv = module.n_heads, _kv_heads(module)
-    q, k, v = _torch_qkv(module, x, x if context is None else context, rope)
-    gqa = h_kv < h
-    if gqa and not getattr(module, "use_enable_gqa", True):
-        k, v, gqa = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv), False  # (B, h, S, d_k)
-    allowed = torch_mha.allowed_mask(B, h, T, S, causal, mask, x.device)  # None or (.., T, S)
-    attn_mask = allowed
-    if alibi:
-        attn_mask = torch_alibi_bias(h, T, S, dtype=q.dtype, device=x.device)  # (h, T, S)
-        if allowed is not None:  # one float mask: the bias where allowed, -inf elsewhere
-            attn_mask = attn_mask.masked_fill(~allowed, float("-inf"))  # (B|1, h, T, S)
-    heads = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, enable_gqa=gqa)  # 3-6)
-    merged = torch_mha.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
-    return module.out_proj(merged)  # ... then the output projection
+    """Twin of `attend`: the torch module's forward with RoPE and/or ALiBi for this call."""
+    return torch_mha.MultiHeadAttention.forward(with_positions(module, rope, alibi), x, context,
+                                                causal, mask)
 
 
 # ---- FlexAttention: masks as mask_mod, biases as score_mod ----------------------------------------
@@ -546,7 +341,7 @@ def sliding_window_mod(window: int, offset: int = 0) -> Callable:
 
 def padding_mod(lengths: torch.Tensor) -> Callable:
     """mask_mod: in sequence b, real queries (t < lengths[b]) see real keys (s < lengths[b])."""
-    if not _is_torch(lengths):
+    if not is_torch(lengths):
         raise TypeError(f"lengths must be a torch tensor (B,) for FlexAttention, got {type(lengths).__name__}")
 
     def mod(b: torch.Tensor, h: torch.Tensor, q_idx: torch.Tensor, kv_idx: torch.Tensor) -> torch.Tensor:
@@ -607,16 +402,19 @@ def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
 def torch_flex_attend(module, x: torch.Tensor, causal: bool = False, window: int | None = None,
                       lengths: torch.Tensor | None = None, rope: bool = False,
                       alibi: bool = False) -> torch.Tensor:
-    """Self-attention of a torch module with steps 3-6 in FlexAttention: x (B, T, d_model) -> (B, T, d_model).
+    """Self-attention of a torch module with the core on its FlexAttention backend: (B, T, d_model) -> same.
 
-    RoPE stays outside FlexAttention: it changes q and k themselves, not one score at a time.
-    On CPU call it under torch.no_grad(): the module's weights require grad, and FlexAttention
-    has no CPU backward in torch 2.13 (it raises NotImplementedError).
+    The module's own forward (RoPE stays outside FlexAttention: it changes q and k themselves,
+    not one score at a time); `window` and `lengths` become its mask. On CPU call it under
+    torch.no_grad(): FlexAttention has no CPU backward in torch 2.13 (NotImplementedError).
     """
     module._check_inputs(x, None)
-    if lengths is not None and (not _is_torch(lengths) or lengths.shape != (x.shape[0],)):
+    if lengths is not None and (not is_torch(lengths) or lengths.shape != (x.shape[0],)):
         raise ValueError(f"lengths must be a torch tensor (B={x.shape[0]},), got {lengths!r}")
-    q, k, v = _torch_qkv(module, x, x, rope)  # 1-2) (B, h, T, d_k), (B, h_kv, T, d_k)
-    heads = flex_attend(q, k, v, causal, window, lengths, alibi)  # 3-6) (B, h, T, d_k)
-    return module.out_proj(torch_mha.merge_heads(heads))  # 7) (B, T, d_model)
-
+    view = with_positions(module, rope, alibi)
+    view.backend = "flex"
+    if window is not None:
+        view.options = dataclasses.replace(view.options, window=require_int("window", window))
+    mask = None if lengths is None else masks.padding_mask(lengths, x.shape[1])  # (B, 1, T, T)
+    return torch_mha.MultiHeadAttention.forward(view, x, causal=causal or window is not None,
+                                                mask=mask)

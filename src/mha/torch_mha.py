@@ -35,10 +35,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import ledger, numpy_mha
+from . import compose, ledger, numpy_mha
 from .convert import WeightConversion
+from .kv_cache import TorchKVCache
 from .ledger import LedgerRow
-from .validate import mask_shape, require_float, require_heads, require_query_and_context
+from .validate import (
+    mask_shape,
+    require_float,
+    require_heads,
+    require_int,
+    require_query_and_context,
+    require_shape,
+)
 
 _TORCH_TO_NUMPY = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
 
@@ -61,13 +69,22 @@ def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
     return e / torch.where(total > 0, total, torch.ones_like(total))
 
 
-def manual_attention(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed: torch.Tensor | None = None
-) -> tuple[torch.Tensor, torch.Tensor]:
+def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
+    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k), each head n_rep times in a row (numpy twin's order)."""
+    n_rep = require_int("n_rep", n_rep)
+    require_shape("x", x, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)  # (B, h_kv * n_rep, S, d_k)
+
+
+def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
     """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S))."""
     d_k = q.shape[-1]
     # 3) scores; math.sqrt keeps the dtype (a tensor sqrt would too, but this matches numpy)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
+    if bias is not None:
+        scores = scores + bias  # ALiBi or any additive bias, after scaling (as SDPA adds attn_mask)
     # 4) mask with -inf before softmax, so masked keys get weight exactly 0
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))  # (B, h, T, S)
@@ -75,36 +92,100 @@ def manual_attention(
     return weights @ v, weights  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
 
 
-def _as_bool_tensor(mask, device) -> torch.Tensor:
-    """A torch bool tensor on `device` from a torch or numpy boolean mask."""
-    return mask.to(device) if isinstance(mask, torch.Tensor) else torch.as_tensor(mask, device=device)
+def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None, bias=None,
+                   is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
+    """Steps 3-6 in one fused call: q (B, h, T, d_k), k, v (B, h|h_kv, S, d_k) -> (B, h, T, d_k).
+
+    A boolean mask goes in as is (True = may attend); with a bias, one float mask: the bias
+    where allowed, -inf elsewhere. is_causal (top-left) lets kernels skip the masked half.
+    """
+    attn_mask = allowed
+    if bias is not None:
+        attn_mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
+                                          enable_gqa=enable_gqa)  # (B, h, T, d_k)
+
+
+def flex_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None, bias=None,
+              is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
+    """Steps 3-6 in FlexAttention, from the same mask and bias tensors: -> (B, h, T, d_k).
+
+    The mask becomes a mask_mod that looks it up, the bias a score_mod that adds it. Eager
+    (no torch.compile) and, on CPU, inference only (torch 2.13 has no CPU flex backward).
+    """
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    B, h, T, _ = q.shape
+    S = k.shape[2]
+    if is_causal:
+        allowed = causal_mask(T, S, device=q.device)
+    block_mask = None
+    if allowed is not None:
+        full = allowed.expand(B, h, T, S)  # (B, h, T, S) view: one lookup per (b, head, t, s)
+        block_mask = create_block_mask(lambda b, hh, t, s: full[b, hh, t, s], B, h, T, S,
+                                       device=str(q.device))
+    score_mod = None
+    if bias is not None:
+        full_bias = bias.expand(B, h, T, S)
+        score_mod = lambda score, b, hh, t, s: score + full_bias[b, hh, t, s]  # noqa: E731
+    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
+                          enable_gqa=enable_gqa)  # (B, h, T, d_k)
+
+
+BACKENDS = ("sdpa", "manual", "flex")
+"""The torch core's backends: SDPA's fused kernels, steps 3-6 written out, FlexAttention."""
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, bias=None,
+              backend: str = "sdpa", is_causal: bool = False, enable_gqa: bool = True
+              ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Steps 3-6, the one torch attention core: q (B,h,T,d_k), k, v (B,h_kv,S,d_k) -> (out, weights).
+
+    The twin of `mha.numpy_mha.attention`: boolean `mask` (True = may attend) and additive
+    `bias` broadcast to (B, h, T, S). `backend` picks the kernel: "sdpa", "manual" (the only
+    one that returns the weights (B, h, T, S); the others return None) or "flex".
+    `is_causal` is the top-left causal mask without a tensor. h_kv < h: SDPA and flex get
+    `enable_gqa`; the manual path (or enable_gqa=False) repeats the heads first.
+    """
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    h, h_kv = q.shape[1], k.shape[1]
+    if h % h_kv:
+        raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
+                         f"(grouped-query attention), got h_kv={h_kv}")
+    if h_kv != h and (backend == "manual" or not enable_gqa):
+        k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (B, h, S, d_k): shared heads
+    gqa = k.shape[1] != h
+    if backend == "manual":
+        if is_causal:
+            mask = causal_mask(q.shape[2], k.shape[2], device=q.device)  # (T, S)
+        return manual_attention(q, k, v, mask, bias)
+    core = sdpa_attention if backend == "sdpa" else flex_core
+    return core(q, k, v, mask, bias, is_causal, gqa), None
 
 
 def allowed_mask(
     B: int, h: int, T: int, S: int, causal: bool, mask, device=None
 ) -> torch.Tensor | None:
     """Combine `causal` and a boolean `mask` (True = may attend) into one mask broadcastable to (B, h, T, S)."""
-    allowed = None
     if mask is not None:
-        shape4 = mask_shape(mask, B, h, T, S)  # checks dtype and shape, same errors as numpy
-        allowed = _as_bool_tensor(mask, device).reshape(shape4)  # (B|1, h|1, T, S)
-    if causal:
-        tril = causal_mask(T, S, device=device)  # (T, S)
-        allowed = tril if allowed is None else allowed & tril  # broadcasts to (B|1, h|1, T, S)
-    return allowed
+        mask_shape(mask, B, h, T, S)  # dtype and shape first, the same errors as numpy
+        mask = mask.to(device) if isinstance(mask, torch.Tensor) else torch.as_tensor(mask, device=device)
+    T_pos, S_pos = torch.arange(T, device=device), torch.arange(S, device=device)
+    return compose.allowed(T_pos, S_pos, causal, None, mask, B, h)  # None or (.., T, S)
 
 
 def project_qkv(m: MultiHeadAttention, x: torch.Tensor, ctx: torch.Tensor):
-    """Step 1: q from x (B, T, d_model); k, v from ctx (B, S, d_model), separate or fused."""
+    """Step 1: q from x (B, T, d_model); k, v (B, S, h_kv * d_k) from ctx, separate or fused."""
     if not m.fused_qkv:
         return m.q_proj(x), m.k_proj(ctx), m.v_proj(ctx)
-    if ctx is x:  # one GEMM: (B, T, d_model) @ (d_model, 3*d_model) -> (B, T, 3*d_model)
-        return m.qkv_proj(x).chunk(3, dim=-1)  # 3 x (B, T, d_model)
-    d = m.d_model  # cross-attention: q reads x, k and v read the context
-    W_q, W_kv = m.qkv_proj.weight.split([d, 2 * d], dim=0)  # (d, d), (2d, d)
-    b_q, b_kv = m.qkv_proj.bias.split([d, 2 * d], dim=0)
-    k, v = F.linear(ctx, W_kv, b_kv).chunk(2, dim=-1)  # (B, S, 2*d_model) -> 2 x (B, S, d_model)
-    return F.linear(x, W_q, b_q), k, v  # (B, T, d_model), (B, S, d_model), (B, S, d_model)
+    sizes = [m.d_model, m.n_kv_heads * m.d_k, m.n_kv_heads * m.d_k]  # q, k, v rows of qkv_proj
+    if ctx is x:  # one GEMM: (B, T, d_model) @ (d_model, d_model + 2 h_kv d_k)
+        return m.qkv_proj(x).split(sizes, dim=-1)  # (B, T, d_model), 2 x (B, T, h_kv * d_k)
+    W_q, W_kv = m.qkv_proj.weight.split([sizes[0], 2 * sizes[1]], dim=0)  # cross-attention:
+    b_q, b_kv = m.qkv_proj.bias.split([sizes[0], 2 * sizes[1]], dim=0)  # q reads x, k and v ctx
+    k, v = F.linear(ctx, W_kv, b_kv).chunk(2, dim=-1)  # (B, S, 2 h_kv d_k) -> 2 x (B, S, h_kv d_k)
+    return F.linear(x, W_q, b_q), k, v
 
 
 def split_heads(x: torch.Tensor, n_heads: int) -> torch.Tensor:
@@ -121,20 +202,6 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """
     B, h, T, d_k = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, h, d_k) -> (B, T, d_model)
-
-
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool,
-                   mask=None) -> torch.Tensor:
-    """Steps 3-6 in one fused call: q (B, h, T, d_k), k, v (B, h, S, d_k) -> (B, h, T, d_k).
-
-    Causal-only goes in as is_causal=True (kernels skip the masked half); anything else as
-    one boolean mask, True = may attend.
-    """
-    if causal and mask is None:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, d_k)
-    B, h, T, _ = q.shape
-    allowed = allowed_mask(B, h, T, k.shape[2], causal, mask, q.device)  # None or (.., T, S)
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=allowed)  # (B, h, T, d_k)
 
 
 # What `trace` writes for each call, in call order (see mha.ledger).
@@ -155,52 +222,80 @@ class MultiHeadAttention(WeightConversion, nn.Module):
 
     `MultiHeadAttention(d_model, n_heads, seed)` draws exactly the weights the numpy module
     with the same seed draws (N(0, 1/d_model) weights, zero biases), so the two start equal.
-    `use_sdpa=False` switches to the manual path (nanoGPT's `self.flash` switch), which
-    keeps the attention weights (B, h, T, S) on `.attn`; the SDPA path never forms them.
-    `fused_qkv=True` uses one Linear(d_model, 3*d_model) for q, k, v (rows stacked q, k, v,
-    the same layout as nn.MultiheadAttention's in_proj_weight).
-    Shapes: x (B, T, d_model), context (B, S, d_model) -> (B, T, d_model).
+    `backend` picks the core's kernel: "sdpa" (default), "manual" (nanoGPT's `self.flash`
+    switch; keeps the weights (B, h, T, S) on `.attn`; `use_sdpa=False` says the same) or
+    "flex". `fused_qkv=True` uses one Linear for q, k, v (rows stacked q, k, v, the layout of
+    nn.MultiheadAttention's in_proj_weight). The options are the numpy module's (`mha.compose`):
+    n_kv_heads, rope, rope_base, alibi, window. Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
 
     def __init__(self, d_model: int, n_heads: int, seed: int = 0,
                  dtype: torch.dtype = torch.float32, fused_qkv: bool = False,
-                 use_sdpa: bool = True, device=None):
+                 use_sdpa: bool = True, device=None, *, backend: str | None = None,
+                 n_kv_heads: int | None = None, rope: str | None = None, rope_base: float = 10000.0,
+                 alibi: bool = False, window: int | None = None, use_enable_gqa: bool = True):
         super().__init__()
         self.d_k = require_heads(d_model, n_heads)
         self.d_model, self.n_heads = int(d_model), int(n_heads)
+        self.options = compose.check_options(self.n_heads, self.d_k, n_kv_heads, rope, rope_base,
+                                             alibi, window)
+        self.n_kv_heads = self.options.n_kv_heads
+        self.group = self.n_heads // self.n_kv_heads
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-        self.dtype, self.fused_qkv, self.use_sdpa = dtype, bool(fused_qkv), bool(use_sdpa)
-        kw = dict(dtype=dtype, device=device)
+        backend = ("sdpa" if use_sdpa else "manual") if backend is None else backend
+        if backend not in BACKENDS:
+            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+        self.dtype, self.fused_qkv, self.backend = dtype, bool(fused_qkv), backend
+        self.use_enable_gqa = bool(use_enable_gqa)
+        kw, d_kv = dict(dtype=dtype, device=device), self.n_kv_heads * self.d_k
         if self.fused_qkv:
-            self.qkv_proj = nn.Linear(d_model, 3 * d_model, **kw)  # weight (3*d_model, d_model)
+            self.qkv_proj = nn.Linear(d_model, d_model + 2 * d_kv, **kw)  # weight (out, in)
         else:
             self.q_proj = nn.Linear(d_model, d_model, **kw)  # weight (d_model out, d_model in)
-            self.k_proj = nn.Linear(d_model, d_model, **kw)
-            self.v_proj = nn.Linear(d_model, d_model, **kw)
+            self.k_proj = nn.Linear(d_model, d_kv, **kw)  # (h_kv * d_k, d_model)
+            self.v_proj = nn.Linear(d_model, d_kv, **kw)
         self.out_proj = nn.Linear(d_model, d_model, **kw)
         self.attn: torch.Tensor | None = None
         # Same draws as the numpy twin (float64), then cast: seed s gives the same module.
-        self.load_numpy_(numpy_mha.MultiHeadAttention(d_model, n_heads, seed=seed))
+        self.load_numpy_(numpy_mha.MultiHeadAttention(d_model, n_heads, seed=seed,
+                                                      **self.options.kwargs()))
+
+    @property
+    def use_sdpa(self) -> bool:
+        """True on the SDPA backend; setting False switches to the manual path (and back)."""
+        return self.backend == "sdpa"
+
+    @use_sdpa.setter
+    def use_sdpa(self, on: bool) -> None:
+        self.backend = "sdpa" if on else "manual"
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
-                mask=None) -> torch.Tensor:
+                mask=None, positions=None, cache=None) -> torch.Tensor:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
-        `causal=True` lets query t see keys s <= t. `mask` is boolean, True = may attend,
-        shaped (T, S), (B, T, S) or (B|1, h|1, T, S); it is combined with `causal`.
-        The manual path (use_sdpa=False) keeps the weights (B, h, T, S) on `.attn`.
+        Same arguments as the numpy twin: `causal`, a boolean `mask` (True = may attend),
+        `positions` (T,) or (B, T) (negative = padding) and a TorchKVCache `cache`.
+        The manual backend keeps the weights (B, h, T, S) on `.attn`.
         """
-        B, T, S = self._check_inputs(x, context)
-        h = self.n_heads
-        q, k, v = project_qkv(self, x, x if context is None else context)  # 1) (B, T|S, d_model)
-        q, k, v = (split_heads(a, h) for a in (q, k, v))  # 2) (B, h, T|S, d_k)
-        if self.use_sdpa:  # 3-6) one fused kernel; it never forms the (T, S) weights
-            heads, self.attn = sdpa_attention(q, k, v, causal, mask), None
-        else:  # 3-6) written out: scores, -inf mask, safe softmax, weights @ v
-            allowed = allowed_mask(B, h, T, S, causal, mask, x.device)
-            heads, weights = manual_attention(q, k, v, allowed)  # (B,h,T,d_k), (B,h,T,S)
-            self.attn = weights.detach()
+        B, T, S = self._check_inputs(x, context, mask, cache)
+        q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
+        k_pos = q_pos if context is None else torch.arange(S, device=x.device)
+        q, k, v = project_qkv(self, x, x if context is None else context)  # 1) (B, T|S, ...)
+        q = split_heads(q, self.n_heads)  # 2) (B, h, T, d_k)
+        k, v = (split_heads(a, self.n_kv_heads) for a in (k, v))  # (B, h_kv, S, d_k)
+        q, k = compose.rotate(q, q_pos, self.options), compose.rotate(k, k_pos, self.options)
+        if cache is not None:  # the past joins: k, v (B, h_kv, S_all, d_k), k_pos (B, S_all)
+            k, v, k_pos = cache.update(k, v, k_pos.expand(B, T))
+        # plain causal self-attention needs no mask tensor: is_causal lets kernels skip tiles
+        plain = causal and mask is None and cache is None and positions is None and not (
+            self.options.alibi or self.options.window)
+        allowed = None if plain else compose.allowed(q_pos, k_pos, causal, self.options.window,
+                                                     _on(mask, x.device), B, self.n_heads)
+        bias = compose.alibi(self.options, self.n_heads, q_pos, k_pos, q.dtype)  # or None
+        heads, weights = attention(q, k, v, allowed, bias, self.backend, plain,
+                                   self.use_enable_gqa)  # 3-6) the one core
+        self.attn = None if weights is None else weights.detach()
         merged = merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return self.out_proj(merged)  # ... then the output projection
 
@@ -211,15 +306,22 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         last = LedgerRow("7 project", "out = out_proj(merged)", "(B, T, d_model)", tuple(out.shape))
         return ledger.input_rows(x, context) + rows + [last]
 
+    def new_cache(self, B: int, max_len: int) -> TorchKVCache:
+        """A KV cache for this module on its device: (B, h_kv, max_len, d_k), or a ring of `window` slots."""
+        return TorchKVCache(B, self.n_kv_heads, max_len, self.d_k, self.dtype,
+                            self.out_proj.weight.device, window=self.options.window)
+
     def num_parameters(self) -> int:
-        """Total number of learnable numbers (4 * d_model**2 + 4 * d_model)."""
+        """Total number of learnable numbers (4 * d_model**2 + 4 * d_model without GQA)."""
         return sum(p.numel() for p in self.parameters())
 
     def extra_repr(self) -> str:
+        extra = self.options.describe(self.n_heads)
         return (f"d_model={self.d_model}, n_heads={self.n_heads}, d_k={self.d_k}, "
-                f"dtype={self.dtype}, fused_qkv={self.fused_qkv}, use_sdpa={self.use_sdpa}")
+                f"dtype={self.dtype}, fused_qkv={self.fused_qkv}, backend={self.backend!r}"
+                + (f", {extra}" if extra else ""))
 
-    def _check_inputs(self, x, context) -> tuple[int, int, int]:
+    def _check_inputs(self, x, context, mask=None, cache=None) -> tuple[int, int, int]:
         """Validate x and context like the numpy module does, plus torch-only checks."""
         for name, a in (("x", x), ("context", context)):
             if a is not None and isinstance(a, np.ndarray):
@@ -239,7 +341,17 @@ class MultiHeadAttention(WeightConversion, nn.Module):
             if a.device != device:
                 raise ValueError(f"{name} is on {a.device} but the weights are on {device} "
                                  f"(move it with {name}.to('{device}'))")
+        compose.check_cache(self, cache, TorchKVCache, B, T, context, mask)
+        if mask is not None:
+            mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S
+
+
+def _on(mask, device) -> torch.Tensor | None:
+    """A torch or numpy boolean mask as a tensor on `device` (None stays None)."""
+    if mask is None or (isinstance(mask, torch.Tensor) and mask.device == device):
+        return mask
+    return mask.to(device) if isinstance(mask, torch.Tensor) else torch.as_tensor(mask, device=device)
 
 
 # ---- nn.MultiheadAttention: the same maths, the opposite mask convention -----------------------
