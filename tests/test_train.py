@@ -134,8 +134,12 @@ def test_model_rejects_bad_tokens():
     model = tr.TinyTransformer(vocab=10, T=8, d_model=16, n_heads=2)
     with pytest.raises(TypeError, match="tokens must be int64"):
         model(torch.zeros(2, 4))
-    with pytest.raises(ValueError, match=r"T <= 8"):
+    with pytest.raises(ValueError, match=r"positions < 8 \(the learned position table\), got position 8"):
         model(torch.zeros(2, 9, dtype=torch.long))
+    with pytest.raises(ValueError, match=r"ids in 0..9 \(vocab=10\), got 10"):
+        model(torch.full((2, 4), 10))  # a raw IndexError from nn.Embedding before
+    with pytest.raises(ValueError, match=r"ids in 0..9 \(vocab=10\), got -1"):
+        model(torch.full((2, 4), -1))
     with pytest.raises(ValueError, match=r"tokens must be \(B, T\)"):
         model(torch.zeros(2, 4, 1, dtype=torch.long))
     with pytest.raises(ValueError, match="divisible"):

@@ -115,17 +115,17 @@ def induction_task(T: int = 16, vocab: int = 16) -> Task:
 class Block(nn.Module):
     """A pre-LayerNorm Transformer block: h = x + MHA(LN(x)), then h + MLP(LN(h)) if it has one."""
 
-    def __init__(self, d_model: int, n_heads: int, seed: int = 0, mlp: bool = True):
+    def __init__(self, d_model: int, n_heads: int, seed: int = 0, mlp: bool = True, **options):
         super().__init__()
         self.ln1 = nn.LayerNorm(d_model)
-        self.attn = MultiHeadAttention(d_model, n_heads, seed=seed)  # our module, SDPA path
+        self.attn = MultiHeadAttention(d_model, n_heads, seed=seed, **options)  # ours, SDPA path
         self.ln2 = nn.LayerNorm(d_model) if mlp else None
         self.mlp = nn.Sequential(nn.Linear(d_model, 4 * d_model), nn.GELU(),
                                  nn.Linear(4 * d_model, d_model)) if mlp else None
 
-    def forward(self, x: torch.Tensor, causal: bool = False) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, causal: bool = False, positions=None, cache=None) -> torch.Tensor:
         """(B, T, d_model) -> (B, T, d_model); each sub-layer adds to the residual stream."""
-        x = x + self.attn(self.ln1(x), causal=causal)  # attention reads a normalised copy
+        x = x + self.attn(self.ln1(x), causal=causal, positions=positions, cache=cache)
         if self.mlp is not None:
             x = x + self.mlp(self.ln2(x))  # the MLP works on each position on its own
         return x
@@ -135,12 +135,14 @@ class TinyTransformer(nn.Module):
     """Token + learned position embeddings, n_layers Blocks, a final LayerNorm and a linear head.
 
     tokens (B, T) int64 -> logits (B, T, vocab). `causal` is fixed per model (per task).
-    Built under `seed`: the same arguments give the same weights, and the global torch RNG
-    is left as it was.
+    Attention options (n_kv_heads, rope, window; see mha.compose) go to every layer; with RoPE
+    the model has no learned position table, so it runs at any length. Built under `seed`: the
+    same arguments give the same weights, and the global torch RNG is left as it was.
     """
 
     def __init__(self, vocab: int, T: int, d_model: int = 32, n_heads: int = 2,
-                 n_layers: int = 1, mlp: bool = False, causal: bool = False, seed: int = 0):
+                 n_layers: int = 1, mlp: bool = False, causal: bool = False, seed: int = 0,
+                 **options):
         super().__init__()
         require_int("vocab", vocab, minimum=2)
         require_int("n_layers", n_layers)
@@ -148,8 +150,9 @@ class TinyTransformer(nn.Module):
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(seed)  # embeddings, LayerNorms, MLP and head
             self.tok = nn.Embedding(vocab, d_model)  # (V, d_model)
-            self.pos = nn.Embedding(T, d_model)  # (T, d_model): learned positions
-            self.blocks = nn.ModuleList(Block(d_model, n_heads, seed=seed + i, mlp=mlp)
+            # (T, d_model) learned positions, unless RoPE gives positions inside attention
+            self.pos = nn.Embedding(T, d_model) if options.get("rope") is None else None
+            self.blocks = nn.ModuleList(Block(d_model, n_heads, seed=seed + i, mlp=mlp, **options)
                                         for i in range(n_layers))
             self.ln_f = nn.LayerNorm(d_model)
             self.head = nn.Linear(d_model, vocab)
@@ -159,18 +162,40 @@ class TinyTransformer(nn.Module):
         """A model sized for `task` (its vocab, T and causal flag); kwargs go to the constructor."""
         return cls(task.vocab, task.T, causal=task.causal, **kwargs)
 
-    def forward(self, tokens: torch.Tensor) -> torch.Tensor:
-        """tokens (B, T) int64 -> logits (B, T, vocab)."""
+    def forward(self, tokens: torch.Tensor, positions=None, caches=None) -> torch.Tensor:
+        """tokens (B, T) int64 -> logits (B, T, vocab); positions (T,)|(B, T), one cache per layer."""
+        self.check_tokens(tokens, positions, caches)
+        x = self.tok(tokens)  # (B, T, d_model)
+        if self.pos is not None:  # learned positions: pads (negative) take row 0, never read
+            at = torch.arange(tokens.shape[1]) if positions is None else positions.clamp(min=0)
+            x = x + self.pos(at)  # (B, T, d_model) + (T|B,T, d_model)
+        for block, cache in zip(self.blocks, caches or [None] * len(self.blocks), strict=True):
+            x = block(x, causal=self.causal, positions=positions, cache=cache)  # (B, T, d_model)
+        return self.head(self.ln_f(x))  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+
+    def new_caches(self, B: int, max_len: int) -> list:
+        """One KV cache per layer for B sequences of up to max_len tokens."""
+        return [block.attn.new_cache(B, max_len) for block in self.blocks]
+
+    def check_tokens(self, tokens: torch.Tensor, positions=None, caches=None) -> None:
+        """Raise a clear error for tokens that are not (B, T) int64 ids in 0..vocab-1."""
         require_shape("tokens", tokens, (("B", None), ("T", None)))
         if tokens.dtype != torch.long:
             raise TypeError(f"tokens must be int64 (torch.long), got {tokens.dtype}")
+        if tokens.numel() and (int(tokens.min()) < 0 or int(tokens.max()) >= self.vocab):
+            bad = int(tokens.max()) if int(tokens.max()) >= self.vocab else int(tokens.min())
+            raise ValueError(f"tokens must be ids in 0..{self.vocab - 1} (vocab={self.vocab}), got {bad}")
+        if caches is not None and len(caches) != len(self.blocks):
+            raise ValueError(f"caches must hold one cache per layer ({len(self.blocks)}), got {len(caches)}")
+        if self.pos is None:
+            return
         T = tokens.shape[1]
-        if T > self.T:
-            raise ValueError(f"tokens must have T <= {self.T} (the position table), got T={T}")
-        x = self.tok(tokens) + self.pos.weight[:T]  # (B, T, d_model) + (T, d_model)
-        for block in self.blocks:
-            x = block(x, causal=self.causal)  # (B, T, d_model)
-        return self.head(self.ln_f(x))  # (B, T, d_model) @ (d_model, V) -> (B, T, V)
+        last = T - 1 if positions is None else int(positions.max())
+        if caches:
+            last = max(last, len(caches[0]) + T - 1)
+        if last >= self.T:
+            raise ValueError(f"tokens must have positions < {self.T} (the learned position table), "
+                             f"got position {last}; a model with rope= runs at any length")
 
 
 # ---- looking inside ---------------------------------------------------------------------------
