@@ -35,3 +35,21 @@ def attention_loops(mha, x, context=None, allowed=None) -> tuple[np.ndarray, np.
                     merged[b, t, cols] += weights[b, j, t, s] * v[b, s, cols]
     out = np.einsum("btd,de->bte", merged, mha.Wo) + mha.bo
     return out, weights
+
+
+def autograd_grads(module, x, dout, context=None, causal=False, mask=None, use_sdpa=False):
+    """The gradients of mha.grad.backward from torch autograd on the module's weights (float64)."""
+    import torch  # only the gradient tests need it
+
+    from mha.grad import Grads
+    from mha.torch_mha import MultiHeadAttention as TorchMHA
+
+    tm = TorchMHA.from_numpy(module, dtype=torch.float64, use_sdpa=use_sdpa)
+    xt = torch.from_numpy(x).requires_grad_()
+    ct = None if context is None else torch.from_numpy(context).requires_grad_()
+    tm(xt, context=ct, causal=causal, mask=mask).backward(torch.from_numpy(dout))
+    # nn.Linear keeps its weight as (out, in): transpose its gradient to numpy's (in, out)
+    W = {n: (getattr(tm, p).weight.grad.T.numpy(), getattr(tm, p).bias.grad.numpy())
+         for n, p in (("q", "q_proj"), ("k", "k_proj"), ("v", "v_proj"), ("o", "out_proj"))}
+    return Grads(xt.grad.numpy(), *W["q"], *W["k"], *W["v"], *W["o"],
+                 dcontext=None if ct is None else ct.grad.numpy())

@@ -1,11 +1,16 @@
-"""Each planted bug is caught by the check the lessons name, and the correct code passes it."""
+"""Each planted bug is caught by the check the lessons name, and the correct code passes it.
 
+The backward's planted bugs (end of file) are passed to grad.backward explicitly: none swaps state.
+"""
+
+import dataclasses
 import warnings
 
 import numpy as np
 import pytest
 
-from mha import checks, planted, steps
+from mha import checks, grad, planted, steps
+from mha.diagnose_backward import backward_cases, default_module, step_backward
 from mha.numpy_mha import MultiHeadAttention
 from tests.reference import attention_loops
 
@@ -128,3 +133,53 @@ def test_a_suspects_trace_looks_like_a_healthy_modules(rng):
     for suspect in planted.suspects(2026).values():
         rows = suspect.trace(x, causal=True)
         assert [(r.step, r.tensor) for r in rows] == [(r.step, r.tensor) for r in healthy]
+
+
+# The backward's planted bugs: passed explicitly, never swapped in ------------------------------
+BACKWARD_CASES = backward_cases(default_module())
+
+
+@pytest.mark.parametrize("name", sorted(planted.BACKWARD_BUGS))
+def test_each_backward_bug_runs_and_changes_a_gradient(name):
+    """Right shapes, no error, and some gradient moves (but for the mask skip, see below)."""
+    m = default_module()
+    kw = dict(BACKWARD_CASES)["causal self-attention"]
+    ref, got = grad.backward(m, **kw), planted.backward_with(name)(m, **kw)
+    assert [(n, a.shape) for n, a in got.items()] == [(n, a.shape) for n, a in ref.items()]
+    moved = [n for n, a in got.items() if not np.allclose(a, getattr(ref, n), rtol=1e-9, atol=1e-12)]
+    assert bool(moved) == (name != "mask_backward_skipped"), moved
+
+
+def test_a_planted_step_is_passed_explicitly_and_changes_no_state():
+    m = default_module()
+    kw = dict(BACKWARD_CASES)["causal self-attention"]
+    before = {f.name: getattr(grad, f.name) for f in dataclasses.fields(grad.BackwardSteps)}
+    wrong = planted.backward_steps("softmax_no_outer_product")
+    assert wrong.softmax_backward is planted.softmax_no_outer_product
+    assert dataclasses.replace(wrong, softmax_backward=grad.softmax_backward) == grad.REFERENCE_STEPS
+    explicit = grad.backward(m, **kw, steps=wrong)
+    via = planted.backward_with("softmax_no_outer_product")(m, **kw)
+    assert all(np.array_equal(a, getattr(via, n)) for n, a in explicit.items())
+    assert {n: getattr(grad, n) for n in before} == before  # nothing in mha.grad was replaced
+    assert all(getattr(grad.REFERENCE_STEPS, n) is f for n, f in before.items())
+
+
+def test_a_skipped_mask_backward_cannot_be_seen_from_the_module():
+    """softmax_backward already gives 0 where w = 0, so only the step check can see it."""
+    m = default_module()
+    for _, kw in BACKWARD_CASES:
+        wrong = grad.backward(m, **kw, steps=planted.backward_steps("mask_backward_skipped"))
+        ref = grad.backward(m, **kw)
+        assert all(np.array_equal(g, getattr(ref, n)) for n, g in wrong.items())
+    verdict = step_backward("apply_mask", planted.mask_backward_skipped)
+    assert verdict.bug == "mask_backward_skipped", verdict.message
+
+
+def test_unknown_and_whole_pass_backward_bugs_are_refused_clearly():
+    with pytest.raises(ValueError, match="replaces the whole backward, not a step: call "
+                                         "backward_with"):
+        planted.backward_steps("dx_query_path_only")
+    assert planted.backward_with("dx_query_path_only") is planted.dx_query_path_only
+    for fn in (planted.backward_with, planted.backward_steps):
+        with pytest.raises(ValueError, match="unknown planted bug 'softmax_typo'; expected one of"):
+            fn("softmax_typo")

@@ -126,7 +126,8 @@ def test_numpy_lessons_and_grading_do_not_import_torch():
     import subprocess
     import sys
 
-    code = ("import sys, mha.grad, mha.masks, mha.diagnose, mha.numpy_mha, mha.viz, mha.planted; "
+    code = ("import sys, mha.grad, mha.masks, mha.diagnose, mha.diagnose_backward, mha.numpy_mha, "
+            "mha.viz, mha.planted; "
             "print(sorted(m for m in sys.modules if m == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"importing the numpy modules loaded torch: {out.stdout}"

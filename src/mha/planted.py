@@ -12,20 +12,28 @@ To run the whole module with one bug swapped in, use the context manager:
 It temporarily replaces attributes of the `mha.steps` module (which `numpy_mha` calls
 as `steps.xxx(...)`) and always restores them, even if the body raises.
 `planted.forward_with(mha, name, causal=True)` wraps that into a callable for checks.
+
+The backward's planted bugs (`BACKWARD_BUGS`, wrong versions of `mha.grad`'s step backwards
+and two whole-pass mistakes) swap nothing: `backward_steps(name)` is grad.REFERENCE_STEPS with
+one field replaced, passed to `grad.backward(..., steps=...)` explicitly, and
+`backward_with(name)` returns a function with grad.backward's signature that does so.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 
-from . import ledger, steps
+from . import grad, ledger, steps
+from .grad import Array
 from .ledger import LedgerRow
 from .numpy_mha import LEDGER_LABELS, MultiHeadAttention
-from .validate import require_float, require_shape
+from .validate import require_float, require_shape, shape_of
 
 # Keep the real steps, so a swapped-in bug can still call them while the swap is active.
 _softmax = steps.softmax
@@ -295,3 +303,193 @@ def suspects(seed: int, d_model: int = 16, n_heads: int = 4) -> dict[str, Suspec
     and one hidden planted bug, no two alike (one from each of SUSPECT_FAMILIES)."""
     return {label: Suspect(label, name, d_model, n_heads, seed)
             for label, name in _deal(seed).items()}
+
+
+# The backward's planted bugs (notebook 15, A5): wrong versions of `mha.grad`'s steps ----------
+# They call the reference through grad.REFERENCE_STEPS and `_backward`, bound at import, so a
+# grader's diagnose.refusing(grad, ...) never reaches them.
+_REF = grad.REFERENCE_STEPS
+_backward = grad.backward
+
+
+def linear_dW_transposed(dout: Array, x: Array, W: Array) -> tuple[Array, Array, Array]:
+    """WRONG: dW = dout^T @ x, shape (d_out, d_in): the transpose, unnoticed when W is square."""
+    dx, _, db = _REF.linear_backward(dout, x, W)
+    dW = dout.reshape(-1, W.shape[1]).T @ x.reshape(-1, W.shape[0])  # (d_out, N) @ (N, d_in)
+    return dx, dW, db
+
+
+def linear_dx_no_transpose(dout: Array, x: Array, W: Array) -> tuple[Array, Array, Array]:
+    """WRONG: dx = dout @ W instead of dout @ W.T (only runs when W is square)."""
+    _, dW, db = _REF.linear_backward(dout, x, W)
+    return dout @ W, dW, db  # (..., d_out) @ (d_in, d_out): needs d_in == d_out
+
+
+def linear_db_mean(dout: Array, x: Array, W: Array) -> tuple[Array, Array, Array]:
+    """WRONG: db is the mean of dout over the B*T positions instead of their sum."""
+    dx, dW, _ = _REF.linear_backward(dout, x, W)
+    return dx, dW, dout.reshape(-1, W.shape[1]).mean(0)  # (d_out,), N times too small
+
+
+def split_backward_no_transpose(dsplit: Array) -> Array:
+    """WRONG: reshape (B, h, T, d_k) straight to (B, T, d_model): right shape, numbers misplaced."""
+    B, h, T, d_k = shape_of(dsplit)
+    return dsplit.reshape(B, T, h * d_k)  # row-major order mixes heads and tokens
+
+
+def merge_backward_no_transpose(dmerged: Array, n_heads: int) -> Array:
+    """WRONG: reshape (B, T, d_model) straight to (B, h, T, d_k): right shape, numbers misplaced."""
+    B, T, d_model = shape_of(dmerged)
+    return dmerged.reshape(B, n_heads, T, d_model // n_heads)
+
+
+def scores_backward_unscaled(dscores: Array, q: Array, k: Array) -> tuple[Array, Array]:
+    """WRONG: dq = dscores @ k and dk = dscores^T @ q without the forward's 1/sqrt(d_k)."""
+    return dscores @ k, dscores.swapaxes(-1, -2) @ q  # (B,h,T,d_k), (B,h,S,d_k)
+
+
+def scores_backward_over_d_k(dscores: Array, q: Array, k: Array) -> tuple[Array, Array]:
+    """WRONG: divides by d_k instead of sqrt(d_k): sqrt(d_k) times too small."""
+    d_k = shape_of(q)[-1]
+    return (dscores @ k) / d_k, (dscores.swapaxes(-1, -2) @ q) / d_k
+
+
+def scores_backward_dk_no_transpose(dscores: Array, q: Array, k: Array) -> tuple[Array, Array]:
+    """WRONG: dk = dscores @ q instead of dscores^T @ q (only runs when T == S)."""
+    d_k = shape_of(q)[-1]
+    return (dscores @ k) / math.sqrt(d_k), (dscores @ q) / math.sqrt(d_k)
+
+
+def mask_backward_skipped(dscores: Array, allowed: Array) -> Array:
+    """WRONG: passes dscores through unchanged, so masked positions get gradient."""
+    return dscores
+
+
+def mask_backward_inverted(dscores: Array, allowed: Array) -> Array:
+    """WRONG: the mask's polarity flipped: gradient only where masked, none where allowed."""
+    return np.where(allowed, np.zeros((), dtype=dscores.dtype), dscores)
+
+
+def softmax_no_outer_product(dweights: Array, weights: Array) -> Array:
+    """WRONG: w * g, the Jacobian's diag(w) only; the -w w^T term is dropped."""
+    return weights * dweights
+
+
+def softmax_sum_wrong_axis(dweights: Array, weights: Array) -> Array:
+    """WRONG: sums w * g over axis -2 (the queries) instead of -1 (the keys of each row)."""
+    return weights * (dweights - (weights * dweights).sum(-2, keepdims=True))
+
+
+def weighted_sum_dv_no_transpose(dheads: Array, weights: Array, v: Array) -> tuple[Array, Array]:
+    """WRONG: dv = weights @ dheads instead of weights^T @ dheads (only runs when T == S)."""
+    dweights, _ = _REF.weighted_sum_backward(dheads, weights, v)
+    return dweights, weights @ dheads
+
+
+def backward_ignores_mask(module: MultiHeadAttention, x: np.ndarray, dout: np.ndarray,
+                          context=None, causal=False, mask=None) -> grad.Grads:
+    """WRONG: the backward re-runs the forward without the mask, so masked keys get gradient."""
+    return _backward(module, x, dout, context=context)
+
+
+def dx_query_path_only(module: MultiHeadAttention, x: np.ndarray, dout: np.ndarray,
+                       context=None, causal=False, mask=None) -> grad.Grads:
+    """WRONG: in self-attention dx keeps only the query path; the k and v paths are dropped."""
+    if context is not None:
+        return _backward(module, x, dout, context, causal, mask)
+    g = _backward(module, x, dout, context=x.copy(), causal=causal, mask=mask)
+    g.dcontext = None  # x's k and v paths were computed, then dropped
+    return g
+
+
+@dataclass(frozen=True)
+class BackwardBug:
+    """One planted wrong gradient: the grad function it replaces, and what is wrong with it."""
+
+    name: str
+    step: str  # the grad.BackwardSteps field it replaces (same signature); "backward": whole pass
+    number: int  # the pipeline step (1-7) it breaks
+    wrong: str  # one line: what is wrong, and the fix
+    fn: Callable
+
+
+BACKWARD_BUGS: dict[str, BackwardBug] = {b.name: b for b in (
+    BackwardBug("linear_dW_transposed", "linear_backward", 1,
+                "dW = dout^T @ x is the transpose (d_out, d_in); numpy's W is (d_in, d_out): "
+                "dW = x^T @ dout", linear_dW_transposed),
+    BackwardBug("linear_dx_no_transpose", "linear_backward", 1,
+                "dx = dout @ W; the way back through W is its transpose: dx = dout @ W.T",
+                linear_dx_no_transpose),
+    BackwardBug("linear_db_mean", "linear_backward", 1,
+                "db averaged over the B*T positions; b is added at each of them, so db is "
+                "their sum", linear_db_mean),
+    BackwardBug("split_backward_no_transpose", "split_heads_backward", 2,
+                "split_heads_backward reshapes without swapping h and T back first: "
+                "swapaxes(1, 2), then reshape", split_backward_no_transpose),
+    BackwardBug("scores_backward_unscaled", "scaled_scores_backward", 3,
+                "dq and dk without the forward's 1/sqrt(d_k): sqrt(d_k) times too large",
+                scores_backward_unscaled),
+    BackwardBug("scores_backward_over_d_k", "scaled_scores_backward", 3,
+                "dq and dk divided by d_k instead of sqrt(d_k): sqrt(d_k) times too small",
+                scores_backward_over_d_k),
+    BackwardBug("scores_backward_dk_no_transpose", "scaled_scores_backward", 3,
+                "dk = dscores @ q; key s collects from every query that scored it: "
+                "dk = dscores^T @ q", scores_backward_dk_no_transpose),
+    BackwardBug("mask_backward_skipped", "apply_mask_backward", 4,
+                "masked positions pass gradient; a score replaced by -inf never reaches the "
+                "output, so its gradient is 0", mask_backward_skipped),
+    BackwardBug("mask_backward_inverted", "apply_mask_backward", 4,
+                "the mask's polarity flipped: allowed scores get 0 and masked ones the gradient; "
+                "allowed is True where a query may attend (nn.MultiheadAttention's masks are the "
+                "opposite)", mask_backward_inverted),
+    BackwardBug("softmax_no_outer_product", "softmax_backward", 5,
+                "w * g keeps only diag(w) of the Jacobian diag(w) - w w^T; the fix: "
+                "w * (g - sum(w * g, axis=-1))", softmax_no_outer_product),
+    BackwardBug("softmax_sum_wrong_axis", "softmax_backward", 5,
+                "sum(w * g) taken over axis -2 (the queries); it runs over the keys of each "
+                "row: axis=-1", softmax_sum_wrong_axis),
+    BackwardBug("weighted_sum_dv_no_transpose", "weighted_sum_backward", 6,
+                "dv = weights @ dheads; value s collects from every query that used it: "
+                "dv = weights^T @ dheads", weighted_sum_dv_no_transpose),
+    BackwardBug("merge_backward_no_transpose", "merge_heads_backward", 7,
+                "merge_heads_backward reshapes straight to (B, h, T, d_k): reshape to "
+                "(B, T, h, d_k), then swapaxes(1, 2)", merge_backward_no_transpose),
+    BackwardBug("backward_ignores_mask", "backward", 4,
+                "the backward re-runs the forward without the mask, so masked keys get "
+                "weight and gradient: use the forward's mask in the backward too",
+                backward_ignores_mask),
+    BackwardBug("dx_query_path_only", "backward", 1,
+                "dx keeps only the query path; in self-attention x also made k and v: "
+                "dx = dx_q + dx_k + dx_v", dx_query_path_only),
+)}
+"""Every planted wrong gradient, in pipeline order."""
+
+
+def _backward_bug(name: str) -> BackwardBug:
+    """The planted backward bug `name`, or ValueError listing the known ones."""
+    if name not in BACKWARD_BUGS:
+        raise ValueError(f"unknown planted bug {name!r}; expected one of {sorted(BACKWARD_BUGS)}")
+    return BACKWARD_BUGS[name]
+
+
+def backward_steps(name: str) -> grad.BackwardSteps:
+    """grad.REFERENCE_STEPS with the planted step bug `name` in its step's place."""
+    b = _backward_bug(name)
+    if b.step == "backward":
+        raise ValueError(f"{name!r} replaces the whole backward, not a step: call "
+                         f"backward_with({name!r}) instead")
+    return dataclasses.replace(_REF, **{b.step: b.fn})
+
+
+def backward_with(name: str) -> Callable[..., grad.Grads]:
+    """A function with grad.backward's signature that carries the planted bug `name`."""
+    b = _backward_bug(name)
+    if b.step == "backward":
+        return b.fn
+    planted_steps = backward_steps(name)
+
+    def planted_backward(module, x, dout, context=None, causal=False, mask=None) -> grad.Grads:
+        """grad.backward with one planted step backward, passed explicitly."""
+        return _backward(module, x, dout, context, causal, mask, steps=planted_steps)
+
+    return planted_backward
