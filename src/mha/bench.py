@@ -73,11 +73,12 @@ def score_matrix_bytes(B: int, h: int, T: int, S: int, dtype: torch.dtype) -> in
 # ---- timing ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call: median and minimum over `repeats` timed calls."""
+    """Seconds per call: median, minimum (and maximum) over `repeats` timed calls."""
 
     median_s: float
     min_s: float
     repeats: int
+    max_s: float = float("nan")
 
 
 def _sync(device: str) -> None:
@@ -118,7 +119,7 @@ def time_interleaved(
             fn()
             _sync(device)
             t.append(time.perf_counter() - t0)
-    return {n: Timing(statistics.median(t), min(t), len(t)) for n, t in times.items()}
+    return {n: Timing(statistics.median(t), min(t), len(t), max(t)) for n, t in times.items()}
 
 
 # ---- memory ----------------------------------------------------------------------------------

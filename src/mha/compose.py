@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 
+from . import steps
 from .posenc import PAIRINGS, alibi_slopes, position_bias, rope
 from .validate import is_torch, mask_shape, require_int, shape_of, torch  # torch: lazy
 
@@ -107,8 +108,7 @@ def rotate(x: Any, pos: Any, opts: Options) -> Any:
     """RoPE on q or k (B, heads, T, d_k) at positions (T,) or (B, T), if the module uses it."""
     if opts.rope is None:
         return x
-    p = pos.detach().cpu().numpy() if is_torch(pos) else pos  # tables are made in float64 numpy
-    return rope(x, p, opts.rope_base, opts.rope)  # (B, heads, T, d_k)
+    return rope(x, pos, opts.rope_base, opts.rope)  # (B, heads, T, d_k)
 
 
 def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any, B: int,
@@ -123,7 +123,7 @@ def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any,
     qp, kp = q_pos[..., :, None], k_pos[..., None, :]  # (.., T, 1), (.., 1, S)
     parts = []
     if causal:
-        parts.append(kp <= qp)  # (.., T, S): no key after the query (bottom-right after a cache)
+        parts.append(_staircase(q_pos, k_pos))  # (.., T, S): no key after the query
     if window is not None:
         parts.append(qp - kp < window)  # (.., T, S): and at most window - 1 keys back
     if bool((k_pos < 0).any()):
@@ -137,6 +137,17 @@ def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any,
         p = p[:, None] if p.ndim == 3 else p  # (B, T, S) -> (B, 1, T, S): the same for every head
         out = p if out is None else out & p
     return out
+
+
+def _staircase(q_pos: Any, k_pos: Any) -> Any:
+    """k_pos <= q_pos; for numpy queries at offset + 0..T-1 and keys 0..S-1, the lessons' steps.causal_mask."""
+    T, S = shape_of(q_pos)[-1], shape_of(k_pos)[-1]
+    plain = (isinstance(q_pos, np.ndarray) and q_pos.ndim == k_pos.ndim == 1 and T > 0
+             and np.array_equal(k_pos, np.arange(S)) and np.array_equal(q_pos, q_pos[0] + np.arange(T)))
+    if plain:  # the staircase of lesson 05, offset S - T after a cache (bottom-right)
+        offset = int(q_pos[0])  # 0 without a cache: the call every lesson makes
+        return steps.causal_mask(T, S, offset=offset) if offset else steps.causal_mask(T, S)
+    return k_pos[..., None, :] <= q_pos[..., :, None]  # (.., T, S): compare positions
 
 
 def check_cache(module: Any, cache: Any, cache_type: type, B: int, T: int, context: Any,

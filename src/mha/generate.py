@@ -24,6 +24,7 @@ from typing import Any
 import numpy as np
 
 from . import compose
+from .bench import Timing, time_fn
 from .numpy_mha import MultiHeadAttention
 from .validate import is_torch, require_int, torch  # torch: lazy
 
@@ -146,6 +147,29 @@ class _inference:
 
     def __exit__(self, *exc):
         return self.ctx.__exit__(*exc) if self.ctx is not None else False
+
+
+def token_seconds(model: Any, context: int, cache: bool, repeats: int = 5, B: int = 1) -> Timing:
+    """Seconds to compute the next token's logits after `context` tokens, with or without the cache.
+
+    With the cache: prefill `context` tokens once, then time one step, rolling the caches back
+    after each (`truncate`). Without: time one forward over all context + 1 tokens.
+    """
+    context = require_int("context", context)
+    torch_model = _is_torch_model(model)
+    ids = np.random.default_rng(0).integers(0, model.vocab, (B, context + 1))  # (B, context + 1)
+    tokens = torch.from_numpy(ids) if torch_model else ids
+    with _inference(model):
+        if not cache:
+            return time_fn(lambda: model(tokens), repeats=repeats)
+        caches = model.new_caches(B, context + 1)
+        model(tokens[:, :context], None, caches)  # the prefill, not timed
+
+        def step():
+            model(tokens[:, context:], None, caches)  # (B, 1, V): one token against the cache
+            for c in caches:
+                c.truncate(context)
+        return time_fn(step, repeats=repeats)
 
 
 def cache_bytes(model: Any, B: int, max_len: int) -> int:

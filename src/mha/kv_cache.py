@@ -104,6 +104,15 @@ class _Cache:
             return self._arange(self.B) * 0
         return self.positions.max(-1) + 1 if not is_torch(self.positions) else self.positions.amax(-1) + 1
 
+    def truncate(self, length: int) -> None:
+        """Forget every token after the first `length` (a plain cache only): they are written again next."""
+        length = require_int("length", length, minimum=0)
+        if self.window is not None or length > self.length:
+            raise ValueError(f"truncate needs a plain cache and length <= {self.length}, got "
+                             f"length={length} (window={self.window})")
+        self.positions[:, length:] = EMPTY
+        self.length = length
+
     def reset(self) -> None:
         """Empty the cache (and zero the buffers, so stale keys cannot be mistaken for live ones)."""
         self.K[...] = 0

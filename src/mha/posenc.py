@@ -55,15 +55,36 @@ def check_positions(positions: Any, T: int, B: int | None = None) -> np.ndarray:
     return p.astype(np.int64)
 
 
+def _torch_positions(positions: Any, T: int, x: Any) -> Any:
+    """Positions for a torch x: a (T,) or (B, T) int64 tensor on x's device (default 0..T-1)."""
+    if positions is None:
+        return torch.arange(T, device=x.device)
+    if not is_torch(positions):
+        return torch.as_tensor(check_positions(positions, T), device=x.device)
+    if positions.dim() not in (1, 2) or positions.shape[-1] != T:
+        raise ValueError(f"positions must be (T={T},) or (B, T={T}), one whole number per token, "
+                         f"got shape {tuple(positions.shape)}")
+    if positions.dtype.is_floating_point or positions.dtype == torch.bool:
+        raise TypeError(f"positions must hold whole numbers (an int array), got dtype {positions.dtype}")
+    return positions.to(x.device)
+
+
 def rope_tables(positions: Any, d_k: int, base: float = 10000.0,
-                pairing: str = "half") -> tuple[np.ndarray, np.ndarray]:
+                pairing: str = "half") -> tuple[Any, Any]:
     """cos and sin of every angle for positions (..., T): two (..., T, d_k) float64 tables.
 
     "half" repeats the d_k/2 angles as [angles, angles]; "interleaved" as a0 a0 a1 a1 ...
     Computed in float64 whatever x's dtype: position * theta reaches thousands of radians, and
-    float32 would lose the angle's fractional part that the rotation depends on.
+    float32 would lose the angle's fractional part that the rotation depends on. Torch
+    positions give torch tables on their device (no trip through host memory).
     """
     theta = rope_frequencies(d_k, base)  # (d_k/2,)
+    if is_torch(positions):
+        theta = torch.as_tensor(theta, device=positions.device)  # float64
+        angles = positions.to(torch.float64)[..., None] * theta  # (..., T, d_k/2)
+        half = _pairing(pairing) == "half"
+        angles = torch.cat([angles, angles], -1) if half else angles.repeat_interleave(2, -1)
+        return angles.cos(), angles.sin()  # 2 x (..., T, d_k)
     p = np.asarray(positions, dtype=np.float64)  # (..., T)
     angles = p[..., None] * theta  # (..., T, 1) * (d_k/2,) -> (..., T, d_k/2)
     if _pairing(pairing) == "half":
@@ -99,8 +120,7 @@ def rotate_pairs(x: Any) -> Any:
 def _rotate(x: Any, cos: np.ndarray, sin: np.ndarray, pairing: str = "half") -> Any:
     """x * cos + quarter_turn(x) * sin with float64 tables cast to x's dtype (and device)."""
     if is_torch(x):
-        cos = torch.as_tensor(cos, dtype=x.dtype, device=x.device)
-        sin = torch.as_tensor(sin, dtype=x.dtype, device=x.device)
+        cos, sin = (torch.as_tensor(t, device=x.device).to(x.dtype) for t in (cos, sin))
     else:
         cos, sin = cos.astype(x.dtype), sin.astype(x.dtype)
     turn = rotate_half if pairing == "half" else rotate_pairs
@@ -121,11 +141,11 @@ def rope(x: Any, positions: Any = None, base: float = 10000.0, pairing: str = "h
     if d_k % 2:
         raise ValueError(f"RoPE turns features in pairs, so d_k must be even, got d_k={d_k} "
                          f"(x of shape {shape_of(x)})")
-    p = check_positions(positions, T)  # (T,) or (B, T)
+    p = _torch_positions(positions, T, x) if is_torch(x) else check_positions(positions, T)
     if p.ndim == 2:
         if len(shape_of(x)) != 4 or shape_of(x)[0] != p.shape[0]:
-            raise ValueError(f"positions (B, T) = {p.shape} need x (B={p.shape[0]}, h, T={T}, d_k), "
-                             f"got {shape_of(x)}")
+            raise ValueError(f"positions (B, T) = {tuple(p.shape)} need x (B={p.shape[0]}, h, "
+                             f"T={T}, d_k), got {shape_of(x)}")
         p = p[:, None, :]  # (B, 1, T): the same positions for every head
     cos, sin = rope_tables(p, d_k, base, pairing)  # 2 x (T, d_k) or (B, 1, T, d_k), float64
     return _rotate(x, cos, sin, _pairing(pairing))  # (..., T, d_k)
