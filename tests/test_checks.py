@@ -137,3 +137,30 @@ def test_check_answer_wants_a_boolean_mask_and_shows_big_arrays_plainly():
         checks.check_answer("mask", mask.astype(int), mask, "w")
     with pytest.raises(AssertionError, match=r"You have an array of shape \(6, 6\); w"):
         checks.check_answer("mask", ~mask, mask, "w")
+
+
+# ---- lesson 17's Try it: positions of a left-padded batch ---------------------------------------
+_LENGTHS, _T = [2, 5, 3], 5
+_RIGHT = np.array([[-1, -1, -1, 0, 1], [0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]])
+
+
+@pytest.mark.parametrize(("answer", "words"), [
+    (np.array([[0, 1, -1, -1, -1], [0, 1, 2, 3, 4], [0, 1, 2, -1, -1]]), "the pads are on the right"),
+    (np.maximum(_RIGHT, 0), "the pads are at position 0"),
+    (np.where(_RIGHT >= 0, _RIGHT + 1, -1), "off by one"),
+    (np.where(_RIGHT >= 0, np.arange(5), -1), "count from the first column"),
+    (np.tile(np.arange(5), (3, 1)), "every row is 0..T-1"),
+    (np.where(_RIGHT >= 0, _RIGHT, -2) * np.array([[1], [1], [1]]) + (_RIGHT == 4), "no usual mistake fits"),
+    (np.zeros((3, 4), dtype=int), "must be (B=3, T=5)"),
+    (_RIGHT.astype(float), "whole numbers"),
+])
+def test_padded_positions_check_names_each_mistake(answer, words):
+    with pytest.raises(AssertionError) as info:
+        checks.check_padded_positions(answer, _LENGTHS, _T)
+    assert words in str(info.value)
+    assert str(_RIGHT.tolist()) not in str(info.value)  # never prints the answer
+
+
+def test_padded_positions_check_says_right_and_not_tried():
+    assert checks.check_padded_positions(_RIGHT, _LENGTHS, _T).startswith("right")
+    assert checks.check_padded_positions(None, _LENGTHS, _T).startswith("not tried yet")

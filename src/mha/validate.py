@@ -162,7 +162,9 @@ class LazyModule:
         self._name = name
 
     def __getattr__(self, attr: str) -> Any:
-        return getattr(importlib.import_module(self._name), attr)
+        module = importlib.import_module(self._name)
+        self.__dict__.update(vars(module))  # later lookups skip __getattr__ altogether
+        return getattr(module, attr)
 
 
 torch = LazyModule("torch")
