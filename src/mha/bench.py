@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import steps
+from . import numpy_mha, steps
 from .torch_mha import causal_mask, manual_attention
 
 BACKENDS: dict[str, SDPBackend] = {
@@ -185,10 +185,9 @@ def numpy_peak_bytes(fn: Callable[[], object]) -> int:
 
 # ---- the attention cores being compared ------------------------------------------------------
 def numpy_core(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False) -> np.ndarray:
-    """Steps 3-6 with mha.steps (what the numpy module runs between its projections)."""
-    T, S = q.shape[-2], k.shape[-2]
-    allowed = steps.causal_mask(T, S) if causal else None  # (T, S)
-    return steps.weighted_sum(steps.masked_softmax(steps.scaled_scores(q, k), allowed), v)
+    """Steps 3-6: the numpy module's attention core (what it runs between its projections)."""
+    allowed = steps.causal_mask(q.shape[-2], k.shape[-2]) if causal else None  # (T, S)
+    return numpy_mha.attention(q, k, v, allowed)[0]  # (B, h, T, d_k)
 
 
 def manual_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:
