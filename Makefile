@@ -43,10 +43,16 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 	$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
 	$(PIP) install -q --progress-bar off -r requirements.txt
+	@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
+	@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
+	@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
+	@# jsonschema skips the format without it. Nothing declares it as a requirement.
+	@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true
 	@touch $@
 
 $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.lab-installed
 	$(PIP) install -q --progress-bar off -r requirements-dev.txt
+	@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true  # see .lab-installed: 1-2 s per process
 	@# configurable-http-proxy for the hub test (npm; .ci/run insists, a laptop may skip it)
 	@if command -v npm >/dev/null && ! [ -x $(COURSE)/hub/node_modules/.bin/configurable-http-proxy ]; then \
 	  npm ci --prefix $(COURSE)/hub --no-audit --no-fund --loglevel=error >/dev/null || true; fi

@@ -69,8 +69,6 @@ def check_options(n_heads: int, d_k: int, n_kv_heads: int | None = None, rope: s
                              f"even, got d_k={d_k}")
     if not isinstance(alibi, bool):
         raise TypeError(f"alibi must be True or False, got {alibi!r}")
-    if rope is not None and alibi:
-        raise ValueError("choose one position scheme: rope or alibi, not both")
     window = None if window is None else require_int("window", window)
     return Options(n_kv, rope, float(rope_base), alibi, window)
 
