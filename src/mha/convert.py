@@ -95,6 +95,9 @@ class WeightConversion:
     @torch.no_grad()
     def to_torch_mha(self) -> nn.MultiheadAttention:
         """An nn.MultiheadAttention(batch_first=True) with these weights (q, k, v stacked into in_proj)."""
+        if self.options.describe(self.n_heads):
+            raise ValueError(f"nn.MultiheadAttention has no twin for {self.options.describe(self.n_heads)}: "
+                             f"only plain multi-head attention converts")
         p = self.out_proj.weight
         ref = nn.MultiheadAttention(self.d_model, self.n_heads, batch_first=True,
                                     dtype=p.dtype, device=p.device)

@@ -29,13 +29,11 @@ import numpy as np
 from .steps import causal_mask, softmax
 from .validate import is_torch, require_int, shape_of, torch  # torch is imported lazily
 
-_is_torch = is_torch
-
 
 def check_lengths(lengths: Any, max_len: int, name: str = "lengths", B: int | None = None):
     """Validate (B,) whole-number lengths in [0, max_len]; return them as numpy or torch ints."""
     max_len = require_int("max_len", max_len)
-    arr = lengths.detach().cpu().numpy() if _is_torch(lengths) else np.asarray(lengths)
+    arr = lengths.detach().cpu().numpy() if is_torch(lengths) else np.asarray(lengths)
     if arr.ndim != 1:
         raise ValueError(f"{name} must be 1-D (B,), one length per sequence, got shape {arr.shape}")
     if arr.size and not np.issubdtype(arr.dtype, np.integer):
@@ -49,12 +47,12 @@ def check_lengths(lengths: Any, max_len: int, name: str = "lengths", B: int | No
             f"{name} must lie in [0, {max_len}] (the padded length), "
             f"got {name}[{i}] = {int(arr[i])}"
         )
-    return lengths if _is_torch(lengths) else arr.astype(np.int64)
+    return lengths if is_torch(lengths) else arr.astype(np.int64)
 
 
 def _positions(lengths: Any, n: int):
     """0..n-1 as numpy or torch, matching `lengths` (device included)."""
-    if _is_torch(lengths):
+    if is_torch(lengths):
         return torch.arange(n, device=lengths.device)
     return np.arange(n)
 
@@ -89,10 +87,10 @@ def padding_mask(lengths: Any, T: int, S: int | None = None, kv_lengths: Any = N
         rows = query_padding_mask(lengths, T, B=keys.shape[0])  # (B, T)
         allowed = allowed & rows[:, None, :, None]  # (B, 1, 1, S) & (B, 1, T, 1) -> (B, 1, T, S)
     else:
-        allowed = allowed.repeat(T, 2) if not _is_torch(allowed) else allowed.expand(-1, -1, T, -1)
+        allowed = allowed.repeat(T, 2) if not is_torch(allowed) else allowed.expand(-1, -1, T, -1)
     if causal:
         tril = causal_mask(T, S)  # (T, S)
-        allowed = allowed & (torch.from_numpy(tril).to(allowed.device) if _is_torch(allowed) else tril)
+        allowed = allowed & (torch.from_numpy(tril).to(allowed.device) if is_torch(allowed) else tril)
     return allowed  # (B, 1, T, S)
 
 
@@ -133,7 +131,7 @@ def additive_mask(allowed: Any, dtype: Any = np.float32, fill: float = float("-i
     """Float mask: 0 where allowed, `fill` where not; added to the scores (SDPA's float attn_mask)."""
     if str(allowed.dtype) not in ("bool", "torch.bool"):
         raise TypeError(f"allowed must be boolean (True = may attend), got dtype {allowed.dtype}")
-    if _is_torch(allowed):
+    if is_torch(allowed):
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.full((), fill, dtype=dtype, device=allowed.device))
     dtype = np.dtype(dtype)
@@ -159,7 +157,7 @@ def pad_batch(seqs: Any, value: float = 0.0):
     seqs = list(seqs)
     if not seqs:
         raise ValueError("pad_batch needs at least one sequence, got none")
-    kinds = {_is_torch(s) for s in seqs}
+    kinds = {is_torch(s) for s in seqs}
     if len(kinds) > 1:
         raise TypeError("pad_batch needs all numpy arrays or all torch tensors, got a mix")
     first = seqs[0]
@@ -169,7 +167,7 @@ def pad_batch(seqs: Any, value: float = 0.0):
                              f"like sequence 0 {shape_of(first)}, got sequence {i} {shape_of(s)}")
     lens = [int(s.shape[0]) for s in seqs]
     shape = (len(seqs), max(lens), *shape_of(first)[1:])  # (B, T, ...)
-    if _is_torch(first):
+    if is_torch(first):
         batch = torch.full(shape, value, dtype=first.dtype, device=first.device)
         lengths = torch.tensor(lens, dtype=torch.int64, device=first.device)
     else:
@@ -198,7 +196,7 @@ def masked_mean(values: Any, valid: Any):
         raise ValueError("valid has no True entry: a mean over zero real positions is undefined")
     per_position = int(np.prod(shape_of(values)[valid.ndim:], dtype=np.int64))  # 1 for (B, T)
     keep = valid.reshape(shape_of(valid) + (1,) * (values.ndim - valid.ndim))  # (B, T, 1, ...)
-    if _is_torch(values):
+    if is_torch(values):
         zero = torch.zeros((), dtype=values.dtype, device=values.device)
         return torch.where(keep, values, zero).sum() / (n_real * per_position)
     return np.where(keep, values, values.dtype.type(0)).sum() / (n_real * per_position)
@@ -271,7 +269,7 @@ def fill_value_effects(name: str, dtype: Any) -> dict:
 # ---- the named check ------------------------------------------------------------------------------
 def _np(a: Any) -> np.ndarray:
     """numpy view of an array or tensor."""
-    return a.detach().cpu().numpy() if _is_torch(a) else np.asarray(a)
+    return a.detach().cpu().numpy() if is_torch(a) else np.asarray(a)
 
 
 def _as_4d(mask: np.ndarray, B: int, T: int, S: int) -> np.ndarray | str:
@@ -458,7 +456,7 @@ def check_real_tokens(module: Any, x: Any, lengths: Any, mask: Any, causal: bool
 
 def _bump(x: Any, b: int):
     """A copy of x (B, T, d_model) with token 0 of sequence b shifted by 1."""
-    y = x.clone() if _is_torch(x) else x.copy()
+    y = x.clone() if is_torch(x) else x.copy()
     y[b, 0] += 1.0
     return y
 
@@ -467,7 +465,7 @@ def _with_noisy_padding(x: Any, real: np.ndarray, seed: int):
     """x with every padded position (where real (B, T) is False) replaced by seeded noise * 10."""
     noise = np.random.default_rng(seed).normal(0.0, 10.0, shape_of(x))  # (B, T, d_model)
     pad = ~real[:, :, None]  # (B, T, 1)
-    if _is_torch(x):
+    if is_torch(x):
         pad_t = torch.from_numpy(pad).to(x.device)
         return torch.where(pad_t, torch.from_numpy(noise).to(x.device, x.dtype), x)
     return np.where(pad, noise.astype(x.dtype), x)

@@ -1,4 +1,12 @@
-"""Multi-head attention in numpy, assembled from the seven steps in `mha.steps`."""
+"""Multi-head attention in numpy, assembled from the seven steps in `mha.steps`.
+
+    attention(q, k, v, mask, bias)   steps 3-6, the one numpy attention core: every module,
+                                     decoding step, position scheme and variant ends here
+    repeat_kv(x, n_rep)              grouped-query heads laid out for the core
+    MultiHeadAttention               steps 1-7 around the core, with the production features as
+                                     options (n_kv_heads, rope, alibi, window) and a cache and
+                                     per-sequence positions passed to forward (see mha.compose)
+"""
 
 from __future__ import annotations
 

@@ -7,11 +7,15 @@ and the shape ledger in `mha.ledger`.
 Same names, same forward signature and same errors as `mha.numpy_mha.MultiHeadAttention`;
 the seven steps map one to one (see notebook 09):
 
-    1) project            nn.Linear (or one fused Linear(d_model, 3*d_model) + chunk)
+    1) project            nn.Linear (or one fused Linear + split); k, v to n_kv_heads heads
     2) split heads        .view(B, T, h, d_k).transpose(1, 2)
-    3-6) attention core   F.scaled_dot_product_attention  - or, with use_sdpa=False, the
-                          manual path: scores, mask, safe softmax, weights @ v (keeps .attn)
+    3-6) attention core   `attention(q, k, v, mask, bias, backend)`: F.scaled_dot_product_attention
+                          ("sdpa"), the manual path ("manual": scores, mask, safe softmax,
+                          weights @ v; keeps .attn) or FlexAttention ("flex")
     7) merge heads        .transpose(1, 2).reshape(B, T, d_model), then out_proj
+
+The options (n_kv_heads, rope, alibi, window) and the forward's positions and cache are the
+numpy module's, hooked in by `mha.compose` the same way.
 
 Shape legend: B batch, T query length, S key length, h heads, d_k = d_model // h.
 
@@ -392,23 +396,23 @@ def capture_attention(model: nn.Module) -> Iterator[list[torch.Tensor]]:
 
     Inside the block each such layer runs the manual path, and a forward hook appends a
     copy of its `.attn` to the yielded list after every call (in call order). On exit the
-    hooks are removed and each layer's `use_sdpa` switch is restored.
+    hooks are removed and each layer's `backend` is restored.
     """
     layers = [m for m in model.modules() if isinstance(m, MultiHeadAttention)]
     if not layers:
         raise ValueError(f"{type(model).__name__} contains no mha.torch_mha.MultiHeadAttention")
     maps: list[torch.Tensor] = []
-    saved = [m.use_sdpa for m in layers]
+    saved = [m.backend for m in layers]
 
     def hook(module, inputs, output):
         maps.append(module.attn.clone())
 
     handles = [m.register_forward_hook(hook) for m in layers]
     for m in layers:
-        m.use_sdpa = False
+        m.backend = "manual"
     try:
         yield maps
     finally:
         for m, s, hnd in zip(layers, saved, handles, strict=True):
-            m.use_sdpa = s
+            m.backend = s
             hnd.remove()
