@@ -120,3 +120,216 @@ def test_bad_input_names_what_was_expected(kwargs, match):
         flash.flash_attention(q, k, v, **kwargs)
     with pytest.raises(ValueError, match=r"k must be \(B=1, h=1, S, d_k=2\), got \(1, 1, 3, 5\)"):
         flash.flash_attention(q, np.zeros((1, 1, 3, 5)), v)
+
+
+# ---- offset: refused like steps.causal_mask refuses it ----------------------------------------
+@pytest.mark.parametrize("offset, match", [(0.5, "offset must be an int, got float 0.5"),
+                                           (True, "offset must be an int, got bool True"),
+                                           (np.float64(2.0), r"offset must be an int, got float64 np.float64\(2.0\)")])
+def test_offset_must_be_an_int_as_in_causal_mask(offset, match):
+    q, k, v = _qkv(np.random.default_rng(6), 1, 1, 3, 3, 2)
+    with pytest.raises(TypeError, match=match):
+        steps.causal_mask(3, 3, offset=offset)  # the contract flash follows
+    with pytest.raises(TypeError, match=match):
+        flash.flash_attention(q, k, v, causal=True, offset=offset)
+    with pytest.raises(TypeError, match=match):
+        flash.tile_schedule(3, 3, 2, 2, offset=offset)
+    flash.flash_attention(q, k, v, causal=True, offset=np.int64(-1))  # numpy ints stay welcome
+
+
+# ---- blocks chosen from the shapes ------------------------------------------------------------
+@settings(max_examples=200, deadline=None)
+@given(T=st.integers(1, 5000), S=st.integers(1, 5000), d_k=st.sampled_from([8, 64, 128]),
+       itemsize=st.sampled_from([4, 8]), budget=st.sampled_from([2**16, 2**20, 4 * 2**20]))
+def test_chosen_blocks_fit_the_budget_and_even_out_the_tail(T, S, d_k, itemsize, budget):
+    bq, bk = flash.choose_blocks(T, S, d_k, itemsize, budget)
+    assert 1 <= bq <= T and 1 <= bk <= S
+    floor = (min(T, 16), min(S, 16))  # the smallest blocks it ever proposes
+    working_set = itemsize * (bq * bk + 2 * bq * d_k)  # one head's score, q and acc tiles
+    assert (bq, bk) <= floor or working_set <= budget, f"{bq} x {bk}: {working_set} B > {budget}"
+    for n, b in ((T, bq), (S, bk)):
+        blocks = -(-n // b)
+        assert blocks * b - n < blocks, f"{n} in blocks of {b}: a ragged tail, not evened out"
+
+
+def test_chosen_blocks_for_the_benchmark_shape():
+    """T = S = 2048, d_k = 64 (benchmarks/flash_blocks.py): large tiles, one head per step."""
+    assert flash.TILE_BUDGET_BYTES == 2 * 2**20
+    assert flash.choose_blocks(2048, 2048, 64, 4) == (512, 512)  # 1.25 MiB
+    assert flash._heads_per_step(8, 512, 512, 64, 4) == 1
+    assert flash.choose_blocks(1000, 1000, 64, 4) == (500, 500)  # evened: 2 x 500, not 512 + 488
+    assert flash.choose_blocks(5, 9, 4, 8) == (5, 9)  # small inputs: one tile, all heads at once
+    assert flash._heads_per_step(6, 5, 9, 4, 8) == 6
+    assert flash._heads_per_step(8, 256, 256, 64, 4) == 4  # 5 fit: evened to 4 + 4, not 5 + 3
+    assert flash.choose_blocks(1500, 1400, 8, 8) == (250, 467)  # float64: 256 x 512, evened
+
+
+@pytest.mark.parametrize("g", [1, 2])
+@pytest.mark.parametrize("masked", ["TS", "BTS", "BhTS", "1hTS"])
+def test_heads_in_groups_equal_the_steps(g, masked, monkeypatch):
+    """h = 3 heads taken 1 or 2 at a time (a ragged last group), each mask shape sliced per group."""
+    monkeypatch.setattr(flash, "_heads_per_step", lambda h, *args: g)
+    rng = np.random.default_rng(12)
+    B, h, T, S = 2, 3, 11, 13
+    q, k, v = _qkv(rng, B, h, T, S, 4)
+    shape = {"TS": (T, S), "BTS": (B, T, S), "BhTS": (B, h, T, S), "1hTS": (1, h, T, S)}[masked]
+    mask = rng.random(shape) < 0.7
+    out, lse = flash.flash_attention(q, k, v, causal=True, mask=mask, block_q=4, block_k=5)
+    want, want_lse = reference(q, k, v, True, mask)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, rtol=0, atol=1e-12)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("B, h, T, S", [(1, 2, 1500, 1400), (2, 4, 40, 70)])
+def test_default_blocks_equal_the_steps(B, h, T, S, causal):
+    """Defaults: one head at a time in 6 x 3 tiles (1500 x 1400), all heads in one (40 x 70)."""
+    rng = np.random.default_rng(7)
+    q, k, v = _qkv(rng, B, h, T, S, 8)
+    mask = rng.random((B, T, S)) < 0.9
+    out, lse = flash.flash_attention(q, k, v, causal=causal, mask=mask, offset=S - T)
+    want, want_lse = reference(q, k, v, causal, mask, offset=S - T)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(lse, want_lse, rtol=0, atol=1e-12)
+
+
+# ---- split-KV decoding and merging partial results --------------------------------------------
+def _split_kv_case(T, S, n_splits, masked, seed, dtype=np.float64):
+    """Drawn q, k, v and a mask with a fully masked chunk and a fully masked row, when masked."""
+    rng = np.random.default_rng(seed)
+    B, h = 2, 3
+    q, k, v = _qkv(rng, B, h, T, S, 4, dtype)
+    mask = None
+    if masked:
+        mask = rng.random((B, h, T, S)) < 0.6
+        c = int(rng.integers(n_splits))  # one whole chunk hidden (may be empty when n_splits > S)
+        mask[..., c * S // n_splits:(c + 1) * S // n_splits] = False
+        mask[0, 1, rng.integers(T)] = False  # one query that may see nothing
+    return q, k, v, mask
+
+
+def _split_kv_error(T, S, n_splits, masked, seed):
+    """Max difference of split_kv_attention from one-pass steps 3-6 (out and lse), float64."""
+    q, k, v, mask = _split_kv_case(T, S, n_splits, masked, seed)
+    out, lse = flash.split_kv_attention(q, k, v, mask=mask, n_splits=n_splits)
+    want, want_lse = reference(q, k, v, mask=mask)
+    assert np.array_equal(np.isneginf(lse), np.isneginf(want_lse)), "fully masked rows: lse -inf"
+    finite = np.isfinite(want_lse)
+    return max(float(np.abs(out - want).max()),
+               float(np.abs(lse[finite] - want_lse[finite]).max(initial=0.0)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(T=st.integers(1, 3), S=st.integers(1, 40), n_splits=st.integers(1, 48),
+       masked=st.booleans(), seed=st.integers(0, 2**16))
+@pytest.mark.filterwarnings("error")  # no RuntimeWarning from -inf - -inf or log(0)
+def test_split_kv_equals_one_pass_softmax_attention(T, S, n_splits, masked, seed):
+    assert _split_kv_error(T, S, n_splits, masked, seed) <= 1e-12
+
+
+def _wrong_merge_states_no_rescale(a, b):
+    """Planted bug: adds ell and acc without rescaling each side by exp(m_i - m)."""
+    (m1, ell1, acc1), (m2, ell2, acc2) = a, b
+    return np.maximum(m1, m2), ell1 + ell2, acc1 + acc2
+
+
+def test_the_split_kv_check_catches_a_merge_without_rescaling(monkeypatch):
+    assert _split_kv_error(2, 37, 4, False, 0) <= 1e-12
+    monkeypatch.setattr(flash, "merge_states", _wrong_merge_states_no_rescale)
+    assert _split_kv_error(2, 37, 4, False, 0) > 1e-3
+
+
+def test_split_kv_float32_within_a_derived_tolerance():
+    q, k, v, mask = _split_kv_case(4, 4096, 8, True, 8, np.float32)
+    golden, _ = reference(*(a.astype(np.float64) for a in (q, k, v)), mask=mask)
+    plain, _ = reference(q, k, v, mask=mask)  # the whole-matrix float32 path
+    out, lse = flash.split_kv_attention(q, k, v, mask=mask, n_splits=8)
+    assert out.dtype == np.float32 and lse.dtype == np.float32
+    allowed = max(1e-6, 3 * float(np.abs(plain - golden).max()))
+    assert float(np.abs(out - golden).max()) <= allowed
+
+
+def test_both_paths_share_the_one_state_update(monkeypatch):
+    """flash_attention and split_kv_attention fold keys in through the same flash._update."""
+    calls = []
+    real = flash._update
+    monkeypatch.setattr(flash, "_update", lambda *a: calls.append(1) or real(*a))
+    q, k, v = _qkv(np.random.default_rng(9), 1, 2, 3, 10, 4)
+    flash.flash_attention(q, k, v, block_q=2, block_k=4)
+    assert len(calls) == 2 * 3
+    flash.split_kv_attention(q, k, v, n_splits=5)
+    assert len(calls) == 2 * 3 + 5
+
+
+def _merge_parts(merge, parts_order, seed, empty_part=False):
+    """Keys split in three parts, each attended alone (normalised), merged in the given order."""
+    rng = np.random.default_rng(seed)
+    q, k, v = _qkv(rng, 2, 3, 4, 30, 4)
+    mask = np.ones((4, 30), dtype=bool)
+    if empty_part:
+        mask[:, 10:20] = False  # part 1 holds no allowed key: lse -inf there
+    cuts = [(0, 10), (10, 20), (20, 30)]
+    parts = [flash.flash_attention(q, k[:, :, a:b], v[:, :, a:b], mask=mask[:, a:b]) for a, b in cuts]
+    (i, j), rest = parts_order
+    out, lse = merge(*parts[i], *parts[j])
+    out, lse = merge(*parts[rest], out, lse) if rest != 1 else merge(out, lse, *parts[rest])
+    want, want_lse = reference(q, k, v, mask=mask)
+    return max(float(np.abs(out - want).max()), float(np.abs(lse - want_lse).max()))
+
+
+ORDERS = [((0, 1), 2), ((1, 2), 0), ((2, 0), 1), ((1, 0), 2), ((2, 1), 0)]
+
+
+@pytest.mark.parametrize("order", ORDERS)
+@pytest.mark.parametrize("empty_part", [False, True])
+@pytest.mark.filterwarnings("error")
+def test_merge_partials_is_order_independent_and_equals_one_pass(order, empty_part):
+    assert _merge_parts(flash.merge_partials, order, 10, empty_part) <= 1e-12
+
+
+def _wrong_merge_sum(out_a, lse_a, out_b, lse_b):
+    """Planted bug: adds the normalised outputs, as if each part held all the softmax mass."""
+    return out_a + out_b, np.logaddexp(lse_a, lse_b)
+
+
+def _wrong_merge_mean(out_a, lse_a, out_b, lse_b):
+    """Planted bug: averages the normalised outputs, ignoring how much mass each part holds."""
+    return (out_a + out_b) / 2, np.logaddexp(lse_a, lse_b)
+
+
+@pytest.mark.parametrize("wrong", [_wrong_merge_sum, _wrong_merge_mean])
+def test_the_merge_check_catches_a_merge_without_reweighting(wrong):
+    assert _merge_parts(wrong, ORDERS[0], 10) > 1e-3
+
+
+def test_merging_two_empty_sides_gives_zeros_and_minus_inf():
+    out = np.ones((1, 1, 2, 3))
+    lse = np.full((1, 1, 2), -np.inf)
+    with np.errstate(all="raise"):
+        got, got_lse = flash.merge_partials(out, lse, out, lse)
+    assert np.array_equal(got, np.zeros_like(out)) and np.isneginf(got_lse).all()
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(n_splits=0), ValueError, "n_splits must be >= 1, got 0"),
+    (dict(n_splits=2.0), TypeError, "n_splits must be an int, got float 2.0"),
+    (dict(mask=np.ones((3, 4), dtype=bool)), ValueError, r"mask must be \(T=1, S=6\)"),
+])
+def test_split_kv_bad_input_names_what_was_expected(kwargs, error, match):
+    q, k, v = _qkv(np.random.default_rng(11), 1, 2, 1, 6, 4)
+    with pytest.raises(error, match=match):
+        flash.split_kv_attention(q, k, v, **kwargs)
+    with pytest.raises(ValueError, match=r"v must be \(B=1, h=2, S=6, d_v\), got \(1, 2, 5, 4\)"):
+        flash.split_kv_attention(q, k, v[:, :, :5])
+    with pytest.raises(ValueError, match=r"k must be \(B=1, h=2, S, d_k=4\), got \(1, 3, 6, 4\)"):
+        flash.split_kv_attention(q, np.zeros((1, 3, 6, 4)), v)
+
+
+def test_merge_partials_bad_input_names_what_was_expected():
+    out, lse = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3))
+    with pytest.raises(ValueError, match=r"out_b must be \(1, 2, 3, 4\), got \(1, 2, 3, 5\)"):
+        flash.merge_partials(out, lse, np.zeros((1, 2, 3, 5)), lse)
+    with pytest.raises(ValueError, match=r"lse_b must be \(1, 2, 3\), got \(1, 2, 4\)"):
+        flash.merge_partials(out, lse, out, np.zeros((1, 2, 4)))
+    with pytest.raises(TypeError, match="lse_a must be a floating-point array"):
+        flash.merge_partials(out, np.zeros((1, 2, 3), dtype=int), out, lse)

@@ -7,16 +7,29 @@ when the max grows, and divides once at the end. FlashAttention-2 (Dao 2023) put
 blocks in the outer loop, as here, and keeps the row logsumexp m + log(ell) for the
 backward pass. Memory is O(block_q * block_k) per step instead of O(T * S).
 
-Shape legend: B batch, h heads, T queries, S keys, d_k head width.
+The state (m, ell, acc) is the whole story, so it has its own small API: `empty_state`, one
+update per block of keys (`_update`, shared by both attention functions below), `merge_states`
+for two disjoint sets of keys (m = max(m1, m2), each side rescaled by exp(m_i - m)) and one
+final division. `choose_blocks` picks the tile sizes from the shapes when none are given: big
+tiles for few trips round the Python loop, small enough for the tile's passes to stay in cache.
+
+Flash decoding (`split_kv_attention`, Dao et al. 2023): with one new query there are no query
+blocks to share out, so the keys are split into chunks instead, one state per chunk (on a GPU,
+in parallel), then merged. `merge_partials` merges two already normalised results (out, lse),
+the form ring attention passes from device to device.
+
+Shape legend: B batch, h heads, T queries, S keys, d_k head width (d_v for values).
 """
 
 from __future__ import annotations
 
+import functools
 import math
+import sys
 
 import numpy as np
 
-from .validate import mask_shape, require_float, require_int, require_shape
+from .validate import mask_shape, require_float, require_int, require_shape, shape_of
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 """Tile kinds in `tile_schedule`: never computed, computed with some keys masked, all computed."""
@@ -45,69 +58,239 @@ def online_softmax(row: np.ndarray, block: int) -> tuple[np.ndarray, float, floa
 
 
 def _allowed_block(t0: int, t1: int, s0: int, s1: int, causal: bool, offset: int,
-                   mask4: np.ndarray | None) -> np.ndarray | None:
+                   mask: np.ndarray | None) -> np.ndarray | None:
     """Which scores of the tile (queries t0:t1, keys s0:s1) are allowed; None = all of them."""
     allowed = None
     if causal and s1 - 1 > t0 + offset:  # the diagonal cuts this tile (below it: all allowed)
         t = np.arange(t0, t1)[:, None]  # (bq, 1)
         s = np.arange(s0, s1)[None, :]  # (1, bk)
         allowed = s <= t + offset  # (bq, bk)
-    if mask4 is not None:
-        m = mask4[..., t0:t1, s0:s1]  # (B|1, h|1, bq, bk)
+    if mask is not None:
+        m = mask[..., t0:t1, s0:s1]  # (g|1, bq, bk)
         allowed = m if allowed is None else m & allowed
     return allowed
 
 
+State = tuple[np.ndarray, np.ndarray, np.ndarray]
+"""Online-softmax state of a set of rows: (m, ell, acc), shapes (..., rows, 1), (..., rows, 1),
+(..., rows, d_v): the row max, the sum of exp(score - m) and the unnormalised output sum p v."""
+
+TILE_BUDGET_BYTES = 2 * 2**20
+"""Working set `choose_blocks` aims at: a few MiB, so each pass over the tile stays in cache.
+Read at every call, so it can be tuned for a machine (benchmarks/flash_blocks.py sweeps it)."""
+
+
+def empty_state(lead: tuple[int, ...], rows: int, d_v: int, dtype: np.dtype) -> State:
+    """The state before any key is seen: m = -inf, ell = 0, acc = 0."""
+    m = np.full(lead + (rows, 1), -np.inf, dtype=dtype)  # (..., rows, 1)
+    return m, np.zeros_like(m), np.zeros(lead + (rows, d_v), dtype=dtype)  # (..., rows, d_v)
+
+
+def _update(state: State, scores: np.ndarray, v_block: np.ndarray) -> State:
+    """Fold one block of scaled, masked scores (..., rows, bk) and its values into the state.
+
+    Consumes `scores` (exp is taken in place) and `acc`. The new max rescales what was summed
+    under the old one by exp(m_old - m_new); a row with nothing allowed yet keeps m = -inf.
+    """
+    m, ell, acc = state
+    m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))  # (..., rows, 1)
+    base = np.where(np.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet: no -inf - -inf
+    p = np.exp(np.subtract(scores, base, out=scores), out=scores)  # (..., rows, bk); masked -> 0
+    alpha = np.exp(m - base)  # (..., rows, 1): rescales what was summed under the old max
+    ell = alpha * ell + p.sum(axis=-1, keepdims=True)  # (..., rows, 1)
+    acc *= alpha
+    acc += p @ v_block  # (..., rows, bk) @ (..., bk, d_v) -> (..., rows, d_v)
+    return m_new, ell, acc
+
+
+def merge_states(a: State, b: State) -> State:
+    """The state of two disjoint sets of keys, from each one's state (the logsumexp rule).
+
+    m = max(m1, m2); each side is rescaled to the common max by exp(m_i - m) before adding,
+    so ell and acc mean sum(exp(score - m)) over both sets. An empty side (m = -inf) adds 0.
+    """
+    (m1, ell1, acc1), (m2, ell2, acc2) = a, b
+    m = np.maximum(m1, m2)  # (..., rows, 1)
+    base = np.where(np.isfinite(m), m, 0.0)  # both empty: exp(-inf - 0) = 0, no NaN
+    w1, w2 = np.exp(m1 - base), np.exp(m2 - base)  # (..., rows, 1) each
+    return m, w1 * ell1 + w2 * ell2, w1 * acc1 + w2 * acc2
+
+
+def _finish(state: State) -> tuple[np.ndarray, np.ndarray]:
+    """Normalise once: out = acc / ell (0 where ell = 0, like steps.softmax) and lse = m + log(ell)."""
+    m, ell, acc = state
+    out = np.divide(acc, ell, out=np.zeros_like(acc), where=ell > 0)  # (..., rows, d_v)
+    with np.errstate(divide="ignore"):
+        lse = (m + np.log(ell))[..., 0]  # (..., rows); -inf where ell = 0
+    return out, lse
+
+
+def choose_blocks(T: int, S: int, d_k: int, itemsize: int,
+                  budget: int | None = None) -> tuple[int, int]:
+    """(block_q, block_k) for flash_attention: the largest tiles whose working set fits `budget`.
+
+    numpy pays a few microseconds per call whatever the size, so tiles should be big (few trips
+    round the Python loops, large matmuls); but each step makes four passes (max, subtract, exp,
+    sum) over the (bq, bk) score tile, and those should stay in cache. Working set of one step
+    for one head: the score tile plus the q and acc tiles, itemsize * (bq bk + 2 bq d_k) bytes.
+    Blocks double in turn, keys first (block_k is block_q or twice it), up to T and S; then they
+    are evened out, so T = 1000 gives two blocks of 500 rather than 512 + 488.
+    budget None: TILE_BUDGET_BYTES.
+    """
+    T, S, d_k = require_int("T", T), require_int("S", S), require_int("d_k", d_k)
+    itemsize = require_int("itemsize", itemsize)
+    budget = require_int("budget", TILE_BUDGET_BYTES if budget is None else budget)
+    bq, bk = min(T, 16), min(S, 16)  # the floor: small enough for any budget worth having
+    while True:
+        grow_k = bk < S and (bk <= bq or bq >= T) and \
+            _tile_bytes(bq, min(2 * bk, S), d_k, itemsize) <= budget
+        grow_q = not grow_k and bq < T and _tile_bytes(min(2 * bq, T), bk, d_k, itemsize) <= budget
+        if not (grow_k or grow_q):
+            return _even(T, bq), _even(S, bk)
+        bq, bk = (bq, min(2 * bk, S)) if grow_k else (min(2 * bq, T), bk)
+
+
+def _tile_bytes(bq: int, bk: int, d_k: int, itemsize: int) -> int:
+    """Working set of one step for one head: the (bq, bk) scores and the (bq, d_k) q and acc tiles."""
+    return itemsize * (bq * bk + 2 * bq * d_k)
+
+
+def _heads_per_step(h: int, bq: int, bk: int, d_k: int, itemsize: int,
+                    budget: int | None = None) -> int:
+    """How many heads share one step: all of them while their tiles together fit the budget.
+
+    Small inputs then cost one trip round the loops for all heads, as the batched steps do;
+    large ones go one head at a time, with the large per-head tiles numpy runs fastest on.
+    """
+    budget = TILE_BUDGET_BYTES if budget is None else budget
+    return _even(h, max(1, min(h, budget // _tile_bytes(bq, bk, d_k, itemsize))))  # 8 -> 4 + 4
+
+
+def _even(n: int, block: int) -> int:
+    """The smallest block that covers n in as many blocks as `block` needs (ragged tail evened out)."""
+    return -(-n // -(-n // block))
+
+
 def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-                    mask: np.ndarray | None = None, block_q: int = 64, block_k: int = 64,
-                    offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                    mask: np.ndarray | None = None, block_q: int | None = None,
+                    block_k: int | None = None, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Steps 3-6 tiled: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (out, lse).
 
     out (B, h, T, d_v) equals steps 3-6 (softmax(q k^T / sqrt(d_k)) v); lse (B, h, T) is each
     row's logsumexp of the scaled scores (-inf for a fully masked row, whose output is 0).
     `causal` lets query t see keys s <= t + offset (offset=0 top-left, S-T bottom-right);
     `mask` is boolean, True = may attend, (T, S), (B, T, S) or (B|1, h|1, T, S).
+    block_q, block_k: ints, or None for `choose_blocks` to pick them from the shapes.
     """
-    require_float("q", q)
-    require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
-    B, h, T, d_k = q.shape
-    require_shape("k", k, (("B", B), ("h", h), ("S", None), ("d_k", d_k)))
-    S = k.shape[2]
-    require_shape("v", v, (("B", B), ("h", h), ("S", S), ("d_v", None)))
-    block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
-    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    B, h, T, S, d_k = _check_qkv(q, k, v)
+    offset = _require_offset(offset)
     dtype = np.result_type(q, k, v)
+    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize)
+    block_q = auto_q if block_q is None else require_int("block_q", block_q)
+    block_k = auto_k if block_k is None else require_int("block_k", block_k)
+    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    g = _heads_per_step(max(h, 1), block_q, block_k, d_k, dtype.itemsize)  # heads per step
     out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
     lse = np.full((B, h, T), -np.inf, dtype=dtype)  # (B, h, T)
-    scale = 1.0 / math.sqrt(d_k)  # a Python float keeps float32 as float32
+    for b in range(B):  # FA-2's grid is (batch, head, query block): each cell is independent
+        for h0 in range(0, h, g):
+            heads = slice(h0, min(h0 + g, h))
+            mask_g = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
+                                                      heads if mask4.shape[1] > 1 else slice(None)]
+            out[b, heads], lse[b, heads] = _tiled(q[b, heads], k[b, heads], v[b, heads], mask_g,
+                                                  causal, offset, block_q, block_k)  # (g, T, d_v)
+    return out, lse
+
+
+def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool,
+           offset: int, block_q: int, block_k: int) -> tuple[np.ndarray, np.ndarray]:
+    """flash_attention for g heads of one batch item: q (g, T, d_k), k (g, S, d_k), v (g, S, d_v)."""
+    (g, T, d_k), S, d_v = q.shape, k.shape[1], v.shape[-1]
+    dtype = np.result_type(q, k, v)
+    out = np.empty((g, T, d_v), dtype=dtype)  # (g, T, d_v)
+    lse = np.empty((g, T), dtype=dtype)  # (g, T)
+    scale = np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # keeps float32 as float32
     for t0 in range(0, T, block_q):  # outer loop: one block of queries at a time (FA-2 order)
         t1 = min(t0 + block_q, T)
-        qi = q[:, :, t0:t1] * np.asarray(scale, dtype=q.dtype)  # (B, h, bq, d_k)
-        m = np.full((B, h, t1 - t0, 1), -np.inf, dtype=dtype)  # running row max
-        ell = np.zeros((B, h, t1 - t0, 1), dtype=dtype)  # running sum of exp(score - m)
-        acc = np.zeros((B, h, t1 - t0, v.shape[-1]), dtype=dtype)  # unnormalised output
+        qi = q[:, t0:t1] * scale  # (g, bq, d_k)
+        state = empty_state((g,), t1 - t0, d_v, dtype)  # m, ell, acc of this block of queries
         for s0 in range(0, S, block_k):  # inner loop: stream keys and values
             if causal and s0 > t1 - 1 + offset:
                 break  # this tile and every one to its right lie wholly above the diagonal
             s1 = min(s0 + block_k, S)
-            scores = qi @ k[:, :, s0:s1].swapaxes(-1, -2)  # (B,h,bq,d_k) @ (B,h,d_k,bk) -> (B,h,bq,bk)
-            allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask4)
+            scores = qi @ k[:, s0:s1].swapaxes(-1, -2)  # (g, bq, d_k) @ (g, d_k, bk) -> (g, bq, bk)
+            allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
             if allowed is not None:
-                scores = np.where(allowed, scores, np.array(-np.inf, dtype=dtype))  # (B,h,bq,bk)
-            m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))  # (B, h, bq, 1)
-            base = np.where(np.isfinite(m_new), m_new, 0.0)  # rows with nothing allowed yet
-            p = np.exp(np.subtract(scores, base, out=scores), out=scores)  # (B,h,bq,bk), in place;
-            # masked scores give exactly 0
-            alpha = np.exp(m - base)  # (B, h, bq, 1): rescales what was summed under the old max
-            ell = alpha * ell + p.sum(axis=-1, keepdims=True)
-            acc *= alpha
-            acc += p @ v[:, :, s0:s1]  # (B,h,bq,bk) @ (B,h,bk,d_v) -> (B,h,bq,d_v)
-            m = m_new
+                np.copyto(scores, -np.inf, where=~allowed)  # in place; (g|1, bq, bk) broadcasts
+            state = _update(state, scores.astype(dtype, copy=False), v[:, s0:s1])
         # one division at the end; a row with nothing allowed (ell = 0) stays 0, like steps.softmax
-        out[:, :, t0:t1] = np.divide(acc, ell, out=np.zeros_like(acc), where=ell > 0)
-        with np.errstate(divide="ignore"):
-            lse[:, :, t0:t1] = (m + np.log(ell))[..., 0]  # (B, h, bq); -inf where ell = 0
+        out[:, t0:t1], lse[:, t0:t1] = _finish(state)
     return out, lse
+
+
+def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
+                       n_splits: int = 4) -> tuple[np.ndarray, np.ndarray]:
+    """Flash decoding: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) in key chunks -> (out, lse).
+
+    With T = 1 (one new token) the query loop of flash_attention has nothing to split, so the keys
+    are split instead: each chunk gets its own state (m, ell, acc) (on a GPU, in parallel), the
+    states are merged by `merge_states` and normalised once. Same contract as flash_attention;
+    n_splits > S leaves some chunks empty (m = -inf), which the merge ignores.
+    """
+    B, h, T, S, d_k = _check_qkv(q, k, v)
+    n_splits = require_int("n_splits", n_splits)
+    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    dtype = np.result_type(q, k, v)
+    qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # (B, h, T, d_k)
+    edges = [i * S // n_splits for i in range(n_splits + 1)]  # chunk sizes differ by at most 1
+    states = []
+    for s0, s1 in zip(edges[:-1], edges[1:], strict=True):  # independent: one GPU block each
+        state = empty_state((B, h), T, v.shape[-1], dtype)
+        if s1 > s0:
+            scores = qs @ k[:, :, s0:s1].swapaxes(-1, -2)  # (B,h,T,d_k) @ (B,h,d_k,c) -> (B,h,T,c)
+            if mask4 is not None:
+                np.copyto(scores, -np.inf, where=~mask4[..., s0:s1])  # (B|1, h|1, T, c)
+            state = _update(state, scores.astype(dtype, copy=False), v[:, :, s0:s1])
+        states.append(state)
+    return _finish(functools.reduce(merge_states, states))
+
+
+def merge_partials(out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray,
+                   lse_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Attention over keys A and B from each side's normalised (out (..., T, d_v), lse (..., T)).
+
+    out_a is acc_a / ell_a with lse_a = m_a + log(ell_a), so exp(lse_a - lse) is the share of the
+    softmax mass that A holds: out = that share times out_a plus B's, lse = logaddexp(lse_a, lse_b).
+    This is the form ring attention passes round; a side with lse = -inf (no keys) counts 0.
+    """
+    for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        require_float(name, x)
+    require_shape("out_b", out_b, shape_of(out_a))
+    require_shape("lse_a", lse_a, shape_of(out_a)[:-1])
+    require_shape("lse_b", lse_b, shape_of(out_a)[:-1])
+    lse = np.logaddexp(lse_a, lse_b)  # (..., T)
+    base = np.where(np.isfinite(lse), lse, 0.0)  # both sides empty: weights exp(-inf) = 0
+    w_a = np.exp(lse_a - base)[..., None]  # (..., T, 1): A's share of the mass
+    w_b = np.exp(lse_b - base)[..., None]  # (..., T, 1)
+    return w_a * out_a + w_b * out_b, lse
+
+
+def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int]:
+    """Check q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v); return (B, h, T, S, d_k)."""
+    require_float("q", q)
+    require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
+    B, h, T, d_k = shape_of(q)
+    require_float("k", k)
+    require_shape("k", k, (("B", B), ("h", h), ("S", None), ("d_k", d_k)))
+    S = shape_of(k)[2]
+    require_float("v", v)
+    require_shape("v", v, (("B", B), ("h", h), ("S", S), ("d_v", None)))
+    return B, h, T, S, d_k
+
+
+def _require_offset(offset: int) -> int:
+    """offset as an int of any sign; bool and float refused, as steps.causal_mask refuses them."""
+    return require_int("offset", offset, minimum=-sys.maxsize - 1)
 
 
 def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = True,
@@ -115,6 +298,7 @@ def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = Tru
     """(n_query_blocks, n_key_blocks) array of SKIPPED / PARTIAL / FULL, for the causal mask."""
     T, S = require_int("T", T), require_int("S", S)
     block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
+    offset = _require_offset(offset)
     nq, nk = -(-T // block_q), -(-S // block_k)
     kinds = np.full((nq, nk), FULL, dtype=np.int8)
     if not causal:
