@@ -102,7 +102,7 @@ class _Cache:
         """(B,) the position each sequence's next token takes: one past the largest it holds."""
         if self.length == 0:
             return self._arange(self.B) * 0
-        return self.positions.max(-1) + 1 if not is_torch(self.positions) else self.positions.amax(-1) + 1
+        return self.positions.amax(-1) + 1 if is_torch(self.positions) else self.positions.max(-1) + 1
 
     def truncate(self, length: int) -> None:
         """Forget every token after the first `length` (a plain cache only): they are written again next."""
@@ -147,16 +147,21 @@ class _Cache:
         """positions (B, t_new) whole numbers, after every position already cached in that row."""
         self._check_array("positions", positions)
         require_shape("positions", positions, (("B", self.B), ("t_new", t_new)))
-        if self.length and bool((positions >= 0).any()):
-            last = self.next_positions() - 1  # (B,)
-            real = positions >= 0
-            first = positions.min(-1) if not is_torch(positions) else positions.amin(-1)  # (B,)
-            clash = real.any(-1) & (first <= last) if not is_torch(first) else real.any(-1) & (first <= last)
+        if "int" not in str(positions.dtype):
+            raise TypeError(f"positions must hold whole numbers, got dtype {positions.dtype}")
+        if self.length:
+            last = self.next_positions() - 1  # (B,): the latest position each row holds
+            clash = (positions >= 0) & (positions <= last[:, None])  # (B, t_new); pads exempt
             if bool(clash.any()):
-                b = int(clash.nonzero()[0][0]) if not is_torch(clash) else int(clash.nonzero()[0, 0])
+                b, t = (int(i) for i in np.argwhere(_host(clash))[0])
                 raise ValueError(f"positions must come after the cached ones: sequence {b} holds up "
-                                 f"to position {int(last[b])}, and the chunk starts at {int(first[b])}")
+                                 f"to position {int(last[b])}, and the chunk has {int(positions[b, t])}")
         return positions
+
+
+def _host(a):
+    """a as a numpy array (a torch tensor is copied to the host)."""
+    return a.detach().cpu().numpy() if is_torch(a) else a
 
 
 class KVCache(_Cache):
