@@ -138,6 +138,11 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 \t$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
 \t$(PIP) install -q --progress-bar off -r requirements.txt
+\t@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
+\t@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
+\t@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
+\t@# jsonschema skips the format without it. Nothing declares it as a requirement.
+\t@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true
 \t@touch $@
 
 # Trusting the lessons lets JupyterLab render their widgets and HTML outputs.
