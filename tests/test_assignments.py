@@ -142,6 +142,37 @@ PLANTED["A5_backward_pass"] = [
             'grads["dx"] = dx', "a5-backward-tests", "matches planted bug 'dx_query_path_only'"),
 ]
 
+PLANTED["A6_generation"] = [
+    planted("pads-right", "a6-positions", "pos = col - (T - lengths)  #",
+            "pos = np.where(col < lengths, col, -1)  #", "a6-positions-tests",
+            "the pads are on the right"),
+    planted("positions-from-1", "a6-positions", "return np.where(pos >= 0, pos, -1)",
+            "return np.where(pos >= 0, pos + 1, -1)", "a6-positions-tests",
+            "off by one: a sentence's first real token is at position 0"),
+    planted("position-restarts", "a6-generate", "step = step + 1  #", "step = 0 * step  #",
+            "a6-generate-tests", "the new token's position restarted at 0"),
+    planted("no-cache", "a6-generate",
+            "            logits = model(nxt[:, None], step, caches)  # (B, 1, V): only the new token",
+            "            tokens = np.concatenate([tokens, nxt[:, None]], axis=1)\n"
+            "            positions = np.concatenate([positions, step], axis=1)\n"
+            "            logits = model(tokens, positions)  # the whole sequence again, no cache",
+            "a6-generate-tests", "never used the cache"),
+    planted("argmax-batch-axis", "a6-generate", "axis=-1)  # (B,)", "axis=0)  # (B,)",
+            "a6-generate-tests", "the argmax ran over the batch axis"),
+    planted("ring-keeps-oldest", "a6-ring", "for i in range(max(0, t_new - self.window), t_new):",
+            "for i in range(min(t_new, self.window - self.seen)):", "a6-ring-tests",
+            "matches planted mistake 'keeps_oldest'"),
+    planted("ring-grows", "a6-ring",
+            "        for i in range(max(0, t_new - self.window), t_new):  # only the newest window is "
+            "read again\n            slot = (self.seen + i) % self.window  # the oldest slot\n"
+            "            self.K[:, :, slot], self.V[:, :, slot] = k[:, :, i], v[:, :, i]\n"
+            "            self.pos[:, slot] = positions[:, i]\n",
+            "        self.K, self.V, self.pos = K, V, pos  # keeps every key\n", "a6-ring-tests",
+            "the cache grows"),
+    planted("bytes-query-heads", "a6-bytes", "2 * B * n_kv_heads * slots", "2 * B * n_heads * slots",
+            "a6-bytes-tests", "you counted all n_heads query heads"),
+]
+
 # Reaching for the reference: the part earns nothing and the summary names student, part and
 # the reference reached. (student, cell, old, new, part, reference named in the summary)
 CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
@@ -197,6 +228,23 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "    from mha import grad as g\n    return g.backward(module, x, dout, context=context, "
          "causal=causal, mask=mask)\n", "a5-backward-tests", "backward"),
     ],
+    "A6_generation": [
+        ("cheat-padded-positions", "a6-positions", "    lengths = np.asarray(lengths)[:, None]  # (B, 1)\n",
+         "    from mha import compose\n    return compose.padded_positions(np.asarray(lengths), T)\n",
+         "a6-positions-tests", "mha.compose.padded_positions"),
+        ("cheat-generate", "a6-generate", "    B, T = tokens.shape\n",
+         "    from mha import generate as gen\n    return gen.generate(model, [[int(t) for t, p in "
+         "zip(row, pos) if p >= 0] for row, pos in zip(tokens, positions)], n_new)\n",
+         "a6-generate-tests", "mha.generate.generate"),
+        ("cheat-ring-kvcache", "a6-ring", "        t_new = k.shape[2]\n",
+         "        from mha.kv_cache import KVCache\n        if not hasattr(self, 'inner'):\n"
+         "            self.inner = KVCache(k.shape[0], k.shape[1], 10**6, k.shape[3], window=self.window)\n"
+         "        return self.inner.update(k, v, positions)\n", "a6-ring-tests", "mha.kv_cache"),
+        ("cheat-bytes-formula", "a6-bytes", "    one_layer = 2 *",
+         "    from mha import generate as gen\n    return gen.cache_bytes_formula(n_layers, B, "
+         "n_kv_heads, slots, d_k, itemsize)\n    one_layer = 2 *", "a6-bytes-tests",
+         "mha.generate.cache_bytes_formula"),
+    ],
 }
 
 # Correct work in other styles, and what must not cost points.
@@ -208,6 +256,15 @@ KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, ne
         ("einsum-style", "a1-scores", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
          "return np.einsum('bhtd,bhsd->bhts', q, k) / np.sqrt(d_k)"),
     ],
+    "A6_generation": [
+        ("positions-as-lists", "a6-positions", "    lengths = np.asarray(lengths)[:, None]  # (B, 1)\n",
+         "    return [[-1] * (T - int(L)) + list(range(int(L))) for L in lengths]\n"),
+        ("positions-from-the-cache", "a6-generate", "logits = model(nxt[:, None], step, caches)",
+         "logits = model(nxt[:, None], None, caches)"),  # the cache knows each next position
+        ("ring-keys-in-any-order", "a6-ring", "        return K, V, pos",
+         "        return K[:, :, ::-1], V[:, :, ::-1], pos[:, ::-1]"),
+        ("bytes-as-float", "a6-bytes", "return n_layers * one_layer", "return float(n_layers * one_layer)"),
+    ],
 }
 
 # A part that does not compile costs only its own points; later parts run on the reference.
@@ -216,6 +273,8 @@ BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only pa
                        "a1-split-tests"),
     "A5_backward_pass": ("a5-softmax", "    return weights * (dweights - wg)",
                          "    return weights * (dweights - wg", "a5-softmax-tests"),
+    "A6_generation": ("a6-ring", "        self.seen += t_new\n", "        self.seen += t_new)\n",
+                      "a6-ring-tests"),
 }
 
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
@@ -229,6 +288,8 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
     "A4_kv_cache": ("a4-mask", "k=S - t_new", "k=0", "a4-mask-tests"),
     "A5_backward_pass": ("a5-softmax", "return weights * (dweights - wg)", "return weights * dweights",
                          "a5-softmax-tests"),
+    "A6_generation": ("a6-positions", "return np.where(pos >= 0, pos, -1)",
+                      "return np.where(pos >= 0, pos, 0)", "a6-positions-tests"),
 }
 
 
@@ -550,6 +611,16 @@ class TestA4(AssignmentContract):
 
 class TestA5(CombinedPart, AssignmentContract):
     name = "A5_backward_pass"
+
+
+class TestA6(AssignmentContract):
+    name = "A6_generation"
+
+    def test_a_part_that_does_not_compile_costs_only_its_points(self, graded):
+        """No part of A6 is built from another: a broken cell costs its own part, nothing else."""
+        *_, part = BROKEN[self.name]
+        s = graded.student_of["syntax-error"]
+        assert part in graded.lost(s) and graded.lost(s) == graded.expected[s], graded.lost(s)
 
 
 def test_every_assignment_has_a_contract():
