@@ -324,3 +324,16 @@ def test_token_ids_outside_the_vocabulary_are_refused():
         twin(np.array([[3, 12]]))
     with pytest.raises(ValueError, match=r"ids in 0..11 \(vocab=12\), got 12"):
         model(torch.tensor([[3, 12]]))
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_torch_rope_from_the_cached_table_equals_the_numpy_rotation(rng, pairing):
+    """Decoding's torch path looks rows up in a cached table; the numbers are numpy's (float64)."""
+    x = rng.normal(size=(2, 3, 4, 8))  # (B, h, T, d_k)
+    for pos in (np.array([0, 1, 2, 3]), np.array([[5, 6, 7, 8], [-1, -1, 0, 1]]), np.array([900, 3, 70, 1])):
+        want = posenc.rope(x, pos, pairing=pairing)
+        got = posenc.rope(torch.from_numpy(x), torch.from_numpy(pos), pairing=pairing).numpy()
+        np.testing.assert_allclose(got, want, rtol=0, atol=1e-13)
+    x32 = torch.from_numpy(x).float()
+    ref = posenc.rope(x, np.array([0, 1, 2, 3]), pairing=pairing)  # float64 truth
+    assert np.abs(posenc.rope(x32, None, pairing=pairing).double().numpy() - ref).max() < 1e-6

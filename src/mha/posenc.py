@@ -20,6 +20,7 @@ conversion script permutes the checkpoint exactly so).
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any
 
@@ -142,6 +143,11 @@ def rope(x: Any, positions: Any = None, base: float = 10000.0, pairing: str = "h
         raise ValueError(f"RoPE turns features in pairs, so d_k must be even, got d_k={d_k} "
                          f"(x of shape {shape_of(x)})")
     p = _torch_positions(positions, T, x) if is_torch(x) else check_positions(positions, T)
+    batch_ok = p.ndim == 1 or (len(shape_of(x)) == 4 and shape_of(x)[0] == p.shape[0])
+    if is_torch(x) and T > 0 and batch_ok:  # decoding's path: table rows looked up, not made
+        cached = _cached_rotation(x, p, base, _pairing(pairing))
+        if cached is not None:
+            return cached
     if p.ndim == 2:
         if len(shape_of(x)) != 4 or shape_of(x)[0] != p.shape[0]:
             raise ValueError(f"positions (B, T) = {tuple(p.shape)} need x (B={p.shape[0]}, h, "
@@ -149,6 +155,30 @@ def rope(x: Any, positions: Any = None, base: float = 10000.0, pairing: str = "h
         p = p[:, None, :]  # (B, 1, T): the same positions for every head
     cos, sin = rope_tables(p, d_k, base, pairing)  # 2 x (T, d_k) or (B, 1, T, d_k), float64
     return _rotate(x, cos, sin, _pairing(pairing))  # (..., T, d_k)
+
+
+def _cached_rotation(x: Any, p: Any, base: float, pairing: str) -> Any:
+    """rope for torch x from a cached table of positions 0..n-1 (None for negative positions).
+
+    Decoding rotates one token per step and layer: looking its row up in a table made once (in
+    float64, then cast to x's dtype) gives the same numbers as computing it, without a dozen
+    small kernel launches per call.
+    """
+    lo, hi = (int(v) for v in torch.aminmax(p))
+    if lo < 0:
+        return None
+    n = max(64, 1 << hi.bit_length())  # tables grow by doubling: few distinct sizes are cached
+    cos, sin = _table(n, shape_of(x)[-1], float(base), pairing, str(x.device), x.dtype)
+    at = p[:, None, :] if p.ndim == 2 else p  # (B, 1, T) for per-sequence positions, else (T,)
+    turn = rotate_half if pairing == "half" else rotate_pairs
+    return x * cos[at] + turn(x) * sin[at]  # (..., T, d_k) * (.., T, d_k) -> (..., T, d_k)
+
+
+@functools.lru_cache(maxsize=64)
+def _table(n: int, d_k: int, base: float, pairing: str, device: str, dtype: Any) -> tuple[Any, Any]:
+    """cos, sin (n, d_k) of positions 0..n-1: float64 angles, cast to dtype once."""
+    cos, sin = rope_tables(torch.arange(n, device=device), d_k, base, pairing)  # float64
+    return cos.to(dtype), sin.to(dtype)
 
 
 def rope_permutation(d_k: int) -> np.ndarray:
