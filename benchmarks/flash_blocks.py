@@ -15,11 +15,10 @@ Writes benchmarks/results/flash_blocks.md.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import pathlib
 import sys
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -31,29 +30,17 @@ B, H, D_K = 1, 8, 64
 BUDGETS_MIB = (0.25, 0.5, 1, 2, 4, 8, 16)  # choose_blocks' budget; the default is TILE_BUDGET_BYTES
 
 
-@contextlib.contextmanager
-def tile_budget(nbytes: int) -> Iterator[None]:
-    """Set flash.TILE_BUDGET_BYTES (blocks and heads per step follow it) for the calls inside."""
-    old, flash.TILE_BUDGET_BYTES = flash.TILE_BUDGET_BYTES, nbytes
-    try:
-        yield
-    finally:
-        flash.TILE_BUDGET_BYTES = old
-
-
 def candidates(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool) -> dict[str, tuple]:
     """Name -> (call, blocks, heads per step): SDPA, the default, 64 x 64, other budgets."""
     T, S, size = q.shape[2], k.shape[2], q.dtype.itemsize
     qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
 
     def tiled(budget: int) -> tuple:
-        with tile_budget(budget):
-            blocks = flash.choose_blocks(T, S, D_K, size)
-            g = flash._heads_per_step(H, *blocks, D_K, size)
+        blocks = flash.choose_blocks(T, S, D_K, size, budget)
+        g = flash._heads_per_step(H, *blocks, D_K, size, budget)
 
         def call() -> object:
-            with tile_budget(budget):
-                return flash.flash_attention(q, k, v, causal=causal)
+            return flash.flash_attention(q, k, v, causal=causal, budget=budget)
         return call, blocks, g
 
     default = flash.TILE_BUDGET_BYTES

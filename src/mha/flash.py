@@ -173,23 +173,26 @@ def _even(n: int, block: int) -> int:
 
 def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
                     mask: np.ndarray | None = None, block_q: int | None = None,
-                    block_k: int | None = None, offset: int = 0) -> tuple[np.ndarray, np.ndarray]:
+                    block_k: int | None = None, offset: int = 0,
+                    budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
     """Steps 3-6 tiled: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (out, lse).
 
     out (B, h, T, d_v) equals steps 3-6 (softmax(q k^T / sqrt(d_k)) v); lse (B, h, T) is each
     row's logsumexp of the scaled scores (-inf for a fully masked row, whose output is 0).
     `causal` lets query t see keys s <= t + offset (offset=0 top-left, S-T bottom-right);
     `mask` is boolean, True = may attend, (T, S), (B, T, S) or (B|1, h|1, T, S).
-    block_q, block_k: ints, or None for `choose_blocks` to pick them from the shapes.
+    block_q, block_k: ints, or None for `choose_blocks` to pick them from the shapes;
+    `budget` (bytes, default TILE_BUDGET_BYTES) is the working set it picks them (and the heads
+    per step) for.
     """
     B, h, T, S, d_k = _check_qkv(q, k, v)
     offset = _require_offset(offset)
     dtype = np.result_type(q, k, v)
-    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize)
+    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize, budget)
     block_q = auto_q if block_q is None else require_int("block_q", block_q)
     block_k = auto_k if block_k is None else require_int("block_k", block_k)
     mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
-    g = _heads_per_step(max(h, 1), block_q, block_k, d_k, dtype.itemsize)  # heads per step
+    g = _heads_per_step(max(h, 1), block_q, block_k, d_k, dtype.itemsize, budget)  # heads per step
     out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
     lse = np.full((B, h, T), -np.inf, dtype=dtype)  # (B, h, T)
     for b in range(B):  # FA-2's grid is (batch, head, query block): each cell is independent
