@@ -106,6 +106,9 @@ notebooks: $(VENV)/.dev-installed
 bench: $(VENV)/.dev-installed
 	$(BIN)/python benchmarks/sdpa_backends.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/flash_kv.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/flash_blocks.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/generation.py $(BENCH_ARGS)
+	$(BIN)/python benchmarks/llama_attention.py $(BENCH_ARGS)
 
 # Graded assignments (nbgrader, headless): see notebooks/assignments/README.md.
 assignments: $(VENV)/.dev-installed

@@ -108,9 +108,9 @@ def main(argv: list[str] | None = None) -> int:
     lines = ["# flash_attention's chosen blocks against torch's default CPU SDPA, one run", "",
              f"Machine: {bench.machine_line()}.", "",
              f"B={B}, h={H}, T=S={T}, d_k={D_K}, float32; {n} rounds, each function once per round "
-             "(order rotated); ratios against SDPA in the same round. Each budget row sets "
-             "flash.TILE_BUDGET_BYTES, from which flash_attention picks its blocks and heads per "
-             "step; the default row is the value flash.py ships with."]
+             "(order rotated); ratios against SDPA in the same round. Each budget row passes "
+             "`budget=` to flash_attention, which picks its blocks and heads per step for it; "
+             "the default row is the value flash.py ships with."]
     verdicts = []
     for causal in (False, True):
         rows = measure(T, causal, n)
