@@ -40,11 +40,9 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
 # Stamps: reinstall only when the requirement files or pyproject change.
-# --no-compile: pip would byte-compile every installed file (torch alone has thousands, about
-# a minute on 2 cores); Python compiles the modules it imports on first use instead.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
-	$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --no-compile --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
-	$(PIP) install -q --progress-bar off --no-compile -r requirements.txt
+	$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
+	$(PIP) install -q --progress-bar off -r requirements.txt
 	@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
 	@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
 	@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
@@ -53,7 +51,7 @@ $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 	@touch $@
 
 $(VENV)/.dev-installed: requirements-dev.txt $(VENV)/.lab-installed
-	$(PIP) install -q --progress-bar off --no-compile -r requirements-dev.txt
+	$(PIP) install -q --progress-bar off -r requirements-dev.txt
 	@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true  # see .lab-installed: 1-2 s per process
 	@# configurable-http-proxy for the hub test (npm; .ci/run insists, a laptop may skip it)
 	@if command -v npm >/dev/null && ! [ -x $(COURSE)/hub/node_modules/.bin/configurable-http-proxy ]; then \

@@ -135,11 +135,9 @@ TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
 # Stamp: reinstall only when the requirement files or pyproject change.
-# --no-compile: pip would byte-compile every installed file (torch alone has thousands, about
-# a minute on 2 cores); Python compiles the modules it imports on first use instead.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
-\t$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --no-compile --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
-\t$(PIP) install -q --progress-bar off --no-compile -r requirements.txt
+\t$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
+\t$(PIP) install -q --progress-bar off -r requirements.txt
 \t@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
 \t@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
 \t@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
