@@ -66,3 +66,27 @@ def test_every_lesson_has_a_try_it_with_a_self_check_before_its_answer():
         checks_ = [c for c in cells[start:answer] if c.cell_type == "code"
                    and ("checks." in c.source or "diagnose." in c.source)]
         assert checks_, f"{stem}: no self-check cell (checks./diagnose.) between Try it and its answer"
+
+
+def _lesson_markdown() -> list[tuple[str, str]]:
+    """(notebook stem, markdown cell text) for every lesson, the map included."""
+    import nbformat
+
+    return [(stem, c.source) for stem in NOTEBOOKS
+            for c in nbformat.read(ROOT / "notebooks" / f"{stem}.ipynb", as_version=4).cells
+            if c.cell_type == "markdown"]
+
+
+def test_lessons_refer_to_one_another_by_links_that_resolve():
+    import re
+
+    link = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+    for stem, text in _lesson_markdown():
+        for _, target in link.findall(text):
+            path = target.split("#")[0]
+            if re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path):
+                assert (ROOT / "notebooks" / path).exists(), f"{stem} links {target}: no such lesson"
+        prose = re.sub(r"`[^`]*`", "", link.sub("", text))  # links and code spans taken out
+        plain = re.search(r"\b[Nn]otebooks? \d\d\b", prose)
+        assert plain is None, (f"{stem} names a lesson by number without a link: "
+                               f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")

@@ -67,6 +67,19 @@ def test_pages_link_to_neighbours_and_fold_answers(built):
     assert "`" not in re.search(r"<title>(.*?)</title>", page).group(1)  # markdown stripped
 
 
+def test_lessons_link_to_one_another_by_their_pages(built):
+    """A lesson's link to another lesson's notebook becomes a link to that lesson's page."""
+    seen = 0
+    for page in sorted(built.glob("[0-9][0-9]_*.html")):
+        text = page.read_text()
+        assert not re.search(r'href="\d\d_[a-z0-9_]+\.ipynb', text), f"{page.name} links a .ipynb"
+        for target in re.findall(r'href="(\d\d_[a-z0-9_]+\.html)', text):
+            assert (built / target).exists(), f"{page.name} links {target}, which is not a page"
+            seen += 1
+    assert seen > 50, f"expected the lessons' cross-links on the pages, found {seen}"
+    assert site.lesson_links('<a href="05_causal_mask.ipynb#x">') == '<a href="05_causal_mask.html#x">'
+
+
 def test_no_page_loads_anything_from_the_network(built):
     for page in built.glob("*.html"):
         text = page.read_text()

@@ -215,6 +215,11 @@ outputs</b>: cells whose printed text must match the saved notebook
     return _page("What each notebook checks", body)
 
 
+def lesson_links(body: str) -> str:
+    """Point the lessons' links to one another (`05_causal_mask.ipynb`) at their site pages."""
+    return re.sub(r'href="(\d\d_[a-z0-9_]+)\.ipynb(#[^"]*)?"', r'href="\1.html\2"', body)
+
+
 def _exporter():
     """nbconvert's HTML exporter on our template, with every asset served from the site."""
     from nbconvert import HTMLExporter
@@ -270,7 +275,7 @@ def build(out: pathlib.Path, notebooks: pathlib.Path = ROOT / "notebooks",
         nav = {"prev": prev, "next": nxt, "has_widgets": "widgets" in nb.metadata}
         resources = {"series": nav, "metadata": {"name": f"{les.title} - Attention by Hand"}}
         body, _ = exporter.from_notebook_node(nb, resources=resources)
-        (out / les.href).write_text(body, encoding="utf-8")
+        (out / les.href).write_text(lesson_links(body), encoding="utf-8")
         pages.append(les.href)
     (out / "index.html").write_text(index_page(series), encoding="utf-8")
     checks = {les.stem: notebook_checks(les.path) for les in series}
