@@ -92,8 +92,7 @@ def query_positions(positions: Any, B: int, T: int, cache: Any, like: Any) -> An
     if len(got) not in (1, 2) or got[-1] != T or (len(got) == 2 and got[0] != B):
         raise ValueError(f"positions must be (T={T},) or (B={B}, T={T}), one whole number per "
                          f"token, got shape {got}")
-    if str(positions.dtype) not in ("torch.int64", "torch.int32") and not (
-            isinstance(positions, np.ndarray) and np.issubdtype(positions.dtype, np.integer)):
+    if "int" not in str(positions.dtype):  # numpy int8..uint64, torch.int32/int64
         raise TypeError(f"positions must hold whole numbers (an int array), got dtype {positions.dtype}")
     if is_torch(like):
         return torch.as_tensor(positions, dtype=torch.int64, device=like.device)

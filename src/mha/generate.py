@@ -18,6 +18,7 @@ Shape legend: B batch, T tokens in a call, S tokens so far, V vocabulary, d_mode
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -136,17 +137,9 @@ def _cat(a: Any, b: Any) -> Any:
     return torch.cat([a, b], 1) if is_torch(a) else np.concatenate([a, b], 1)
 
 
-class _inference:
-    """torch.no_grad() for a torch model; nothing for numpy."""
-
-    def __init__(self, model: Any):
-        self.ctx = torch.no_grad() if _is_torch_model(model) else None
-
-    def __enter__(self):
-        return self.ctx.__enter__() if self.ctx is not None else None
-
-    def __exit__(self, *exc):
-        return self.ctx.__exit__(*exc) if self.ctx is not None else False
+def _inference(model: Any) -> Any:
+    """torch.no_grad() for a torch model; a context that does nothing for numpy."""
+    return torch.no_grad() if _is_torch_model(model) else contextlib.nullcontext()
 
 
 def token_seconds(model: Any, context: int, cache: bool, repeats: int = 5, B: int = 1) -> Timing:
