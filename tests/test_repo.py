@@ -64,8 +64,8 @@ def test_every_lesson_has_a_try_it_with_a_self_check_before_its_answer():
                        if "<summary>Show answer</summary>" in cells[i].source), None)
         assert answer is not None, f"{stem}: the Try it has no folded answer"
         checks_ = [c for c in cells[start:answer] if c.cell_type == "code"
-                   and ("checks." in c.source or "diagnose." in c.source)]
-        assert checks_, f"{stem}: no self-check cell (checks./diagnose.) between Try it and its answer"
+                   and "tryit.check_" in c.source]
+        assert checks_, f"{stem}: no self-check cell (tryit.check_*) between Try it and its answer"
 
 
 def _lesson_markdown() -> list[tuple[str, str]]:
