@@ -19,7 +19,7 @@ TEACHER ?= 0
 .PHONY: student-pack
 
 help:
-	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
+	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
 	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook + the site"
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
 	@echo "make site       render the series as a static website in $(SITE)/ (open $(SITE)/index.html)"
@@ -33,16 +33,21 @@ help:
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
-# CPU=1: install torch's CPU-only wheel first (a few hundred MB) so the pinned torch in
-# requirements.txt is already satisfied and PyPI's CUDA build (several GB) is never fetched.
-CPU ?= 0
+# Which torch build: CPU=auto (default) installs torch's CPU-only wheel first (a few hundred MB,
+# so the pinned torch in requirements.txt is already satisfied and PyPI's CUDA build of several
+# GB is never fetched) on Linux without an NVIDIA driver, unless the package index already gives
+# a CPU build; src/mha/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
+# PyPI's default build.
+CPU ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
 # Stamps: reinstall only when the requirement files or pyproject change.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
-	$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
-	$(PIP) install -q --progress-bar off -r requirements.txt
+	@echo "Installing into $(VENV): a few minutes the first time; pip lists each package as it goes."
+	@if [ "$$($(BIN)/python src/mha/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \
+	  $(PIP) install --progress-bar on --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)"; fi
+	$(PIP) install --progress-bar on -r requirements.txt
 	@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
 	@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
 	@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
@@ -66,9 +71,16 @@ nbgrader-ui:
 	    --level=sys_prefix @jupyter/nbgrader >/dev/null 2>&1; \
 	fi
 
+# Students are not asked whether JupyterLab may fetch Jupyter's news, and it never checks for
+# updates: lab-wide overrides in the venv (a user's own settings still win).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): | $(VENV)/.lab-installed
+	@mkdir -p $(dir $@)
+	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
 # Trusting our own notebooks lets JupyterLab render their widgets and HTML outputs.
 # TEACHER=1 also points nbgrader's formgrader at the course (its nbgrader_config.py).
-lab: $(VENV)/.lab-installed nbgrader-ui
+lab: $(VENV)/.lab-installed $(LAB_OVERRIDES) nbgrader-ui
 	@$(BIN)/jupyter trust $(NOTEBOOKS) >/dev/null
 	$(if $(filter 1,$(TEACHER)),JUPYTER_CONFIG_PATH=$(abspath $(COURSE)),) \
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \

@@ -1,5 +1,6 @@
 """The repository's promises: README lists every notebook, and `make lab` serves the series."""
 
+import json
 import pathlib
 import urllib.request
 
@@ -26,6 +27,13 @@ def test_make_lab_serves_the_notebooks():
         assert {f"{stem}.ipynb" for stem in NOTEBOOKS} <= served
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/lab?token={TOKEN}", timeout=10) as r:
             assert r.status == 200 and b"JupyterLab" in r.read()
+        # Students are not asked to opt in to Jupyter's news feed, and no update check runs.
+        settings = "lab/api/settings/@jupyterlab/apputils-extension:notification"
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/{settings}?token={TOKEN}",
+                                    timeout=10) as r:
+            schema = json.loads(r.read())["schema"]["properties"]  # overrides set the defaults
+        assert schema["fetchNews"]["default"] == "false", schema["fetchNews"]
+        assert schema["checkForUpdates"]["default"] is False, schema["checkForUpdates"]
 
 
 def _dry_run(*args: str) -> str:
@@ -34,15 +42,19 @@ def _dry_run(*args: str) -> str:
                           capture_output=True, text=True, check=True).stdout
 
 
-def test_cpu_option_installs_the_cpu_wheel_before_the_requirements():
-    lines = _dry_run("CPU=1").splitlines()
+def test_the_torch_build_is_chosen_before_the_requirements_are_installed():
     pins = [line for line in (ROOT / "requirements.txt").read_text().splitlines()
             if line.startswith("torch==")]
-    first = next(i for i, line in enumerate(lines) if "--index-url" in line)
-    assert "https://download.pytorch.org/whl/cpu" in lines[first] and pins[0] in lines[first]
-    assert first < next(i for i, line in enumerate(lines) if "-r requirements.txt" in line)
-    assert not any("--index-url" in line for line in _dry_run().splitlines()), \
-        "without CPU=1, make must install exactly requirements.txt"
+    for cpu, flag in (("", "auto"), ("CPU=1", "1"), ("CPU=0", "0")):
+        lines = _dry_run(*([cpu] if cpu else []))
+        decide = next(i for i, line in enumerate(lines.splitlines()) if "torch_build.py" in line)
+        text = lines.splitlines()
+        assert f"--cpu {flag}" in text[decide] and pins[0] in text[decide]
+        cpu_install = next(i for i, line in enumerate(text) if "--index-url" in line)
+        assert cpu_install == decide + 1 and "https://download.pytorch.org/whl/cpu" in text[cpu_install]
+        assert cpu_install < next(i for i, line in enumerate(text) if "-r requirements.txt" in line)
+        assert not any("-q" in line.split() for line in text if "-r requirements.txt" in line), \
+            "make lab's install must show pip's progress"
 
 
 def test_requirements_point_at_a_readme_heading_that_exists():

@@ -121,23 +121,28 @@ NOTEBOOKS := $(sort $(wildcard notebooks/[0-9][0-9]_*.ipynb))
 .PHONY: lab demo clean help
 
 help:
-\t@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1: CPU-only torch)"
+\t@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
 \t@echo "make demo       python -m mha: a one-screen terminal demo"
 \t@echo "make clean      remove $(VENV) (your notebooks stay)"
 
 $(BIN)/python:
 \t$(PYTHON) -m venv $(VENV)
 
-# CPU=1: install torch's CPU-only wheel first (a few hundred MB) so the pinned torch in
-# requirements.txt is already satisfied and PyPI's CUDA build (several GB) is never fetched.
-CPU ?= 0
+# Which torch build: CPU=auto (default) installs torch's CPU-only wheel first (a few hundred MB,
+# so the pinned torch in requirements.txt is already satisfied and PyPI's CUDA build of several
+# GB is never fetched) on Linux without an NVIDIA driver, unless the package index already gives
+# a CPU build; src/mha/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
+# PyPI's default build.
+CPU ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 
 # Stamp: reinstall only when the requirement files or pyproject change.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
-\t$(if $(filter 1,$(CPU)),$(PIP) install -q --progress-bar off --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)")
-\t$(PIP) install -q --progress-bar off -r requirements.txt
+\t@echo "Installing into $(VENV): a few minutes the first time; pip lists each package as it goes."
+\t@if [ "$$($(BIN)/python src/mha/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \\
+\t  $(PIP) install --progress-bar on --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)"; fi
+\t$(PIP) install --progress-bar on -r requirements.txt
 \t@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
 \t@# builds a Lark grammar on import: 1-2 s in EVERY Jupyter process (nbconvert, nbgrader, each
 \t@# grading worker). It only checks "iri" strings in event schemas, which nothing here emits;
@@ -145,8 +150,15 @@ $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 \t@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true
 \t@touch $@
 
+# Students are not asked whether JupyterLab may fetch Jupyter's news, and it never checks for
+# updates: lab-wide overrides in the venv (a user's own settings still win).
+LAB_OVERRIDES := $(VENV)/share/jupyter/lab/settings/overrides.json
+$(LAB_OVERRIDES): | $(VENV)/.lab-installed
+\t@mkdir -p $(dir $@)
+\t@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' > $@
+
 # Trusting the lessons lets JupyterLab render their widgets and HTML outputs.
-lab: $(VENV)/.lab-installed
+lab: $(VENV)/.lab-installed $(LAB_OVERRIDES)
 \t@$(BIN)/jupyter trust $(NOTEBOOKS) >/dev/null
 \t$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \\
 \t  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
@@ -176,7 +188,7 @@ You need Python 3.11 and `make` (Linux or macOS; on Windows use WSL). In this fo
 
 ```bash
 make lab          # creates .venv, installs everything, opens JupyterLab on notebooks/
-make lab CPU=1    # the same for a machine without an NVIDIA GPU (most laptops): see below
+make lab CPU=1    # force the CPU-only torch wheel (picked by itself without an NVIDIA GPU): see below
 ```
 
 `make lab` prints a URL with a login token: open it in your browser. The first run
@@ -188,9 +200,10 @@ then `jupyter lab --ServerApp.root_dir=notebooks`.
 ## GPUs and choosing a torch build
 
 On Linux, PyPI's `torch` (pinned in `requirements.txt`) is a CUDA build of several GB. Without
-an NVIDIA GPU, install with `make lab CPU=1` the first time: it installs the CPU-only wheel
-(a few hundred MB) from PyTorch's CPU index first, so the big one is never downloaded. The
-whole course runs on a CPU. (macOS wheels are CPU/MPS builds anyway.)
+an NVIDIA driver, `make lab` installs the CPU-only wheel (a few hundred MB) from PyTorch's CPU
+index first, so the big one is never downloaded, and prints which build it chose. `make lab CPU=1`
+forces the CPU wheel, `CPU=0` PyPI's build. The whole course runs on a CPU. (macOS wheels are
+CPU/MPS builds anyway.)
 
 ## What is here
 
