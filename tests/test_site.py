@@ -40,6 +40,11 @@ def built(tmp_path_factory) -> pathlib.Path:
 
 
 # Without a browser ----------------------------------------------------------------------
+def test_index_renders_the_readme_markdown():
+    assert site.inline_markdown("divide by $\\sqrt{d_k}$ in `mha.steps` <b>") == \
+        "divide by $\\sqrt{d_k}$ in <code>mha.steps</code> &lt;b&gt;"
+
+
 def test_every_lesson_has_a_page_in_series_order(built):
     stems = [p.stem for p in sorted((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb"))]
     index = (built / "index.html").read_text()
@@ -188,6 +193,12 @@ def test_site_in_chromium_index_to_the_explorer_lesson(server, page_factory):
     page.goto(f"{server}/index.html")
     assert page.title() == "Attention by Hand"
     assert page.locator("tbody tr").count() == len(list((ROOT / "notebooks").glob("[0-9][0-9]_*.ipynb")))
+    # The table's markdown is rendered: code spans as <code>, $...$ typeset by MathJax.
+    page.wait_for_function("() => document.querySelectorAll('tbody .MathJax').length > 0",
+                           timeout=60_000)
+    cells = page.locator("tbody").inner_text()
+    assert "`" not in cells and "\\sqrt" not in cells, "the index shows raw markdown"
+    assert page.locator("tbody code").count() > 20
     page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
 
     page.click(f'a[href="{EXPLORER_LESSON}.html"]')  # follow the link, as a reader would

@@ -141,7 +141,21 @@ def ci_runtimes(junit: pathlib.Path | None) -> dict[str, float]:
     return times
 
 
-def _page(title: str, body: str) -> str:
+def inline_markdown(text: str) -> str:
+    """README table text as HTML: `code` spans become <code>, $math$ is kept for MathJax, the rest escaped."""
+    parts = re.split(r"(`[^`]+`)", text)
+    return "".join(f"<code>{html.escape(p[1:-1])}</code>" if p.startswith("`") and p.endswith("`")
+                   and len(p) > 1 else html.escape(p, quote=False) for p in parts)
+
+
+# MathJax for the index's $...$ (the lesson pages configure their own through nbconvert).
+INDEX_MATHJAX = (
+    '<script type="text/x-mathjax-config">MathJax.Hub.Config({tex2jax: {inlineMath: '
+    "[['$','$']], processEscapes: true}});</script>\n"
+    f'<script src="vendor/mathjax/MathJax.js?config={MATHJAX_CONFIG}"></script>')
+
+
+def _page(title: str, body: str, head: str = "") -> str:
     """A plain page in the site's style (index and checks)."""
     return f"""<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>{html.escape(title)}</title>
@@ -153,7 +167,7 @@ def _page(title: str, body: str) -> str:
  th, td {{ text-align: left; vertical-align: top; padding: 0.35em 0.6em; border-bottom: 1px solid #d0d7de; }}
  td.num {{ text-align: right; white-space: nowrap; }}
  code {{ font-size: 0.9em; }}
-</style></head><body>
+</style>{head}</head><body>
 {body}
 </body></html>
 """
@@ -163,7 +177,7 @@ def index_page(series: list[Lesson]) -> str:
     """The table of contents, in series order."""
     rows = "\n".join(
         f'<tr><td class="num">{les.stem[:2]}</td><td><a href="{les.href}">{html.escape(les.title)}</a>'
-        f'</td><td>{html.escape(les.teaches)}</td></tr>' for les in series)
+        f'</td><td>{inline_markdown(les.teaches)}</td></tr>' for les in series)
     body = f"""<h1>Attention by Hand</h1>
 <p>Multi-head attention learned by doing it: the seven steps in numpy, the same module in PyTorch,
 then the road to production kernels. Each page is a notebook of the series as it last ran, with
@@ -174,7 +188,7 @@ clone the repository and run <code>make lab</code>.</p>
 <tbody>
 {rows}
 </tbody></table>"""
-    return _page("Attention by Hand", body)
+    return _page("Attention by Hand", body, head=INDEX_MATHJAX)
 
 
 def checks_page(series: list[Lesson], checks: dict[str, NotebookChecks],
