@@ -22,7 +22,7 @@ from mha import bench, generate, train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = {  # name -> TinyTransformer arguments (causal, RoPE, GQA: the capstone's decoder)
-    "tiny (lesson 17): d_model 32, 2 layers, h 4, h_kv 2": dict(d_model=32, n_layers=2, n_heads=4),
+    "tiny (17_generation.ipynb): d_model 32, 2 layers, h 4, h_kv 2": dict(d_model=32, n_layers=2, n_heads=4),
     "small: d_model 256, 4 layers, h 8, h_kv 2": dict(d_model=256, n_layers=4, n_heads=8),
 }
 

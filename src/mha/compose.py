@@ -141,7 +141,7 @@ def _staircase(q_pos: Any, k_pos: Any) -> Any:
     T, S = shape_of(q_pos)[-1], shape_of(k_pos)[-1]
     plain = (isinstance(q_pos, np.ndarray) and q_pos.ndim == k_pos.ndim == 1 and T > 0
              and np.array_equal(k_pos, np.arange(S)) and np.array_equal(q_pos, q_pos[0] + np.arange(T)))
-    if plain:  # the staircase of lesson 05, offset S - T after a cache (bottom-right)
+    if plain:  # the staircase of 05_causal_mask.ipynb, offset S - T after a cache (bottom-right)
         offset = int(q_pos[0])  # 0 without a cache: the call every lesson makes
         return steps.causal_mask(T, S, offset=offset) if offset else steps.causal_mask(T, S)
     return k_pos[..., None, :] <= q_pos[..., :, None]  # (.., T, S): compare positions

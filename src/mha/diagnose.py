@@ -245,7 +245,7 @@ _CASE_HINTS = {
                                       "row's max before exp.",
     "a fully masked row (every score -inf)": "A row with nothing to attend to must come out as "
         "zeros, not NaN: where the row max is -inf use 0 instead, and divide only where the "
-        "row sum is > 0 (notebook 06).",
+        "row sum is > 0 (06_softmax.ipynb).",
     "x (2, 5, 12), W (12, 20), b (20,)": "W is (d_in, d_out) here, not square: compute x @ W + b.",
 }
 

@@ -1,6 +1,6 @@
 """Generation end to end: greedy decoding of a left-padded batch, with and without the KV cache.
 
-The tiny model of lesson 10 (`mha.train.TinyTransformer`) and its numpy twin `NumpyTinyTransformer`
+The tiny model of 10_attention_that_learns.ipynb (`mha.train.TinyTransformer`) and its numpy twin `NumpyTinyTransformer`
 (the same weights, `mha.numpy_mha.MultiHeadAttention` inside) share one interface,
 
     model(tokens (B, T), positions (T,)|(B, T), caches) -> logits (B, T, vocab)

@@ -107,7 +107,7 @@ def softmax_backward(dweights: Array, weights: Array) -> Array:
     require_float("weights", weights)
     require_float("dweights", dweights)
     require_shape("dweights", dweights, _like(shape_of(weights)))
-    # One row's Jacobian is diag(w) - w w^T (notebook 15). Applied to g it needs no (S, S) matrix:
+    # One row's Jacobian is diag(w) - w w^T (15_backward_pass.ipynb). Applied to g it needs no (S, S) matrix:
     # diag(w) g = w * g, and w w^T g = w * (w . g), with w . g one number per row
     wg = (weights * dweights).sum(-1, keepdims=True)  # (B, h, T, 1): w . g of every row
     # A fully masked row has w = 0 everywhere, so it gets 0 (no division, so no NaN)

@@ -16,7 +16,7 @@ What maps to what (Shape legend: h heads, h_kv key/value heads, d_k head width):
 rope="interleaved" gives a module that pairs features (2i, 2i+1) instead: q/k rows are then
 reordered per head so that it computes exactly what HF's half split does (tests/test_hf_parity.py).
 
-The comparison harness lives here too (tests/test_hf_parity.py and notebook 17 import it):
+The comparison harness lives here too (tests/test_hf_parity.py and 17_generation.ipynb import it):
 
     print(compare_with_llama(lengths=(7, 4, 2), n_heads=4, n_kv_heads=2, d_k=8, n_new=3))
 

@@ -305,7 +305,7 @@ def suspects(seed: int, d_model: int = 16, n_heads: int = 4) -> dict[str, Suspec
             for label, name in _deal(seed).items()}
 
 
-# The backward's planted bugs (notebook 15, A5): wrong versions of `mha.grad`'s steps ----------
+# The backward's planted bugs (15_backward_pass.ipynb, A5): wrong versions of `mha.grad`'s steps ----------
 # They call the reference through grad.REFERENCE_STEPS and `_backward`, bound at import, so a
 # grader's diagnose.refusing(grad, ...) never reaches them.
 _REF = grad.REFERENCE_STEPS

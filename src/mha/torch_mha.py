@@ -5,7 +5,7 @@ and nn.MultiheadAttention lives in `mha.convert` (a mixin, so the methods are th
 and the shape ledger in `mha.ledger`.
 
 Same names, same forward signature and same errors as `mha.numpy_mha.MultiHeadAttention`;
-the seven steps map one to one (see notebook 09):
+the seven steps map one to one (see 09_pytorch_port.ipynb):
 
     1) project            nn.Linear (or one fused Linear + split); k, v to n_kv_heads heads
     2) split heads        .view(B, T, h, d_k).transpose(1, 2)
@@ -202,7 +202,7 @@ def merge_heads(x: torch.Tensor) -> torch.Tensor:
     """(B, h, T, d_k) -> (B, T, d_model), the twin of mha.steps.merge_heads.
 
     reshape, not view: after the transpose the tensor is usually not contiguous, and
-    reshape copies exactly when it has to (notebook 09).
+    reshape copies exactly when it has to (09_pytorch_port.ipynb).
     """
     B, h, T, d_k = x.shape
     return x.transpose(1, 2).reshape(B, T, h * d_k)  # (B, T, h, d_k) -> (B, T, d_model)
