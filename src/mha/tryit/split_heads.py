@@ -1,0 +1,101 @@
+"""Self-check for the Try-it of 03_split_heads.ipynb: when is merge_no_transpose harmless?"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import planted, steps
+from . import not_tried, not_yet, right
+
+Shape = tuple[int, int, int, int]  # (B, T, d_model, h)
+
+# Shapes that tell the usual rules apart: one token, one head, both, neither; B = 1 and not;
+# T == h; d_k = 1 (d_model == h).
+SHAPES: tuple[Shape, ...] = (
+    (2, 1, 8, 4), (2, 5, 8, 1), (2, 5, 8, 4), (1, 2, 2, 2), (3, 4, 6, 3), (1, 1, 4, 2),
+    (4, 3, 12, 1), (1, 3, 6, 2), (1, 1, 4, 1), (3, 1, 6, 6), (2, 4, 4, 4), (1, 6, 12, 1),
+    (1, 4, 8, 2), (2, 3, 9, 3),
+)
+
+# Typical wrong rules, each with why it is wrong (phrased without giving the rule away).
+MISTAKES: tuple[tuple[Callable[[int, int, int, int], bool], str], ...] = (
+    (lambda B, T, d_model, h: True,
+     "your rule says the bug is always harmless, but the round trip is wrong for most shapes."),
+    (lambda B, T, d_model, h: False,
+     "your rule says the bug always matters, but some shapes give x back exactly."),
+    (lambda B, T, d_model, h: h == 1,
+     "your rule covers the shapes with one head but not all the exact ones: look at the T of "
+     "the shapes it gets wrong; what does swapping the h and T axes do when T has length 1?"),
+    (lambda B, T, d_model, h: T == 1,
+     "your rule covers the shapes with one token but not all the exact ones: look at the h of "
+     "the shapes it gets wrong; what does swapping the h and T axes do when h has length 1?"),
+    (lambda B, T, d_model, h: T == 1 and h == 1,
+     "your rule asks for one token and one head at once: either alone already makes the "
+     "swap of the h and T axes a no-op (and instead of or)."),
+    (lambda B, T, d_model, h: B == 1,
+     "your rule depends on B, but B is an outer axis the skipped transpose never touches: "
+     "each sequence is merged on its own."),
+    (lambda B, T, d_model, h: d_model == h,
+     "your rule depends on d_k (d_model == h means d_k = 1), but the skipped transpose swaps "
+     "the h and T axes, not d_k."),
+    (lambda B, T, d_model, h: T == h,
+     "your rule asks for T == h, but swapping two axes of equal length > 1 still reorders the "
+     "numbers (a square matrix and its transpose differ)."),
+)
+
+
+def _measured(shape: Shape) -> bool:
+    """Whether merge_no_transpose(split_heads(x)) gives x back exactly for this shape."""
+    B, T, d_model, h = shape
+    x = np.random.default_rng(1).normal(size=(B, T, d_model))  # (B, T, d_model)
+    merged = planted.merge_no_transpose(steps.split_heads(x, h))  # (B, h, T, d_k) -> (B, T, d_model)
+    return bool(np.array_equal(merged, x))
+
+
+def _apply(rule: Callable[..., Any], shape: Shape) -> bool:
+    """rule(*shape) as a bool, or NotYet saying what the rule did instead."""
+    try:
+        said = rule(*shape)
+    except Exception as e:  # noqa: BLE001 - the student's code: report, do not crash
+        not_yet(f"my_rule{shape} raised {type(e).__name__}: {e}; my_rule must take the four "
+                f"numbers (B, T, d_model, h) and return True or False")
+    if said is None:
+        not_yet(f"my_rule{shape} returned None: return True where the bug is harmless, False "
+                f"elsewhere")
+    if not isinstance(said, bool | np.bool_):
+        not_yet(f"my_rule{shape} must return True or False, got {type(said).__name__} {said!r}")
+    return bool(said)
+
+
+def _disagreements(mine: list[bool], measured: list[bool], shapes: tuple[Shape, ...]) -> str:
+    """The shapes where the rule and the measured round trip disagree, as a sentence."""
+    parts = [f"{s} the round trip is {'exact' if m else 'wrong'}, your rule says {r}"
+             for s, r, m in zip(shapes, mine, measured, strict=True) if r != m]
+    more = f"; and {len(parts) - 4} more" if len(parts) > 4 else ""
+    return "(B, T, d_model, h) = " + "; ".join(parts[:4]) + more
+
+
+def check_harmless_rule(my_rule: Any, shapes: tuple[Shape, ...] = SHAPES) -> str:
+    """Say right, or where the rule for 'merge_no_transpose is harmless' disagrees, and why."""
+    if my_rule is None:
+        return not_tried("write my_rule, a function of (B, T, d_model, h) that returns True "
+                         "where merge_no_transpose is harmless, then run this cell")
+    if not callable(my_rule):
+        not_yet(f"my_rule must be a function of (B, T, d_model, h), got {type(my_rule).__name__} "
+                f"{my_rule!r}")
+    measured = [_measured(s) for s in shapes]
+    mine = [_apply(my_rule, s) for s in shapes]
+    if mine == measured:
+        return right(f"your rule matches the measured round trip on all {len(shapes)} shapes: the "
+                     f"skipped transpose swaps the h and T axes, which reorders nothing when "
+                     f"one of them has length 1")
+    where = _disagreements(mine, measured, shapes)
+    for wrong, why in MISTAKES:
+        if mine == [bool(wrong(*s)) for s in shapes]:
+            not_yet(f"{why} It disagrees at {where}")
+    not_yet(f"your rule disagrees with the measured round trip at {where}. What do the shapes "
+            f"where the bug is harmless have in common? The transpose it skips swaps the h and "
+            f"T axes")
