@@ -1,14 +1,17 @@
 """The assembled numpy module: values against a loop reference, properties, ledger, demo."""
 
+import math
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import checks, numpy_mha, steps
+from mha.bench import derived_tolerance
 from mha.numpy_mha import MultiHeadAttention, format_ledger
 from tests.reference import attention_loops
 
@@ -74,6 +77,76 @@ def test_float32_agrees_with_float64_reference(rng):
     m32 = MultiHeadAttention(64, 8, seed=1, dtype=np.float32)
     x = _x(rng, 2, 9, 64)
     np.testing.assert_allclose(m32(x.astype(np.float32)), m64(x), rtol=1e-4, atol=1e-5)
+
+
+WEIGHTS = ("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo", "bo")
+
+
+def _as_float64(module):
+    """A float64 copy of a module: the same (rounded) weights, float64 arithmetic from there on."""
+    twin = MultiHeadAttention(module.d_model, module.n_heads)
+    for name in WEIGHTS:
+        setattr(twin, name, getattr(module, name).astype(np.float64))
+    return twin
+
+
+def _float16_storage_reference(module, x, causal):
+    """The plain float16 path: float64 maths, rounding to float16 wherever a float16 module stores
+    a tensor (q, k, v, the merged heads, the output). Its error is the one no float16 module avoids."""
+    r = lambda a: a.astype(np.float16).astype(np.float64)  # noqa: E731 - one rounding, used 5 times
+    W = {n: getattr(module, n).astype(np.float64) for n in WEIGHTS}
+    B, T, d_model = x.shape
+    h, d_k = module.n_heads, d_model // module.n_heads
+    split = lambda a: a.reshape(B, T, h, d_k).transpose(0, 2, 1, 3)  # noqa: E731 - (B, h, T, d_k)
+    q, k, v = (split(r(x.astype(np.float64) @ W[f"W{c}"] + W[f"b{c}"])) for c in "qkv")
+    s = np.einsum("bhtd,bhsd->bhts", q, k) / math.sqrt(d_k)  # (B, h, T, S)
+    if causal:
+        s = np.where(np.tril(np.ones((T, T), dtype=bool)), s, -np.inf)
+    w = np.exp(s - s.max(-1, keepdims=True))
+    w /= w.sum(-1, keepdims=True)  # (B, h, T, S)
+    merged = r(np.einsum("bhts,bhsd->bthd", w, v).reshape(B, T, d_model))  # (B, T, d_model)
+    return r(merged @ W["Wo"] + W["bo"]), r(w)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("scale", [1.0, 400.0])
+def test_float16_stays_within_derived_tolerance_of_float64_even_at_400x(scale, causal):
+    # At 400 * x the scores reach ~5e5, past float16's largest number 65504: a core that kept
+    # float16 returned NaN there. golden: the loop reference in float64 on the same rounded
+    # weights and inputs; allowed: FUDGE x the plain float16 path's error, floored at 1e-3.
+    m16 = MultiHeadAttention(16, 4, seed=0, dtype=np.float16)
+    x16 = (scale * np.random.default_rng(0).normal(size=(2, 7, 16))).astype(np.float16)
+    allowed = np.broadcast_to(steps.causal_mask(7), (2, 4, 7, 7)) if causal else None
+    golden, golden_w = attention_loops(_as_float64(m16), x16.astype(np.float64), allowed=allowed)
+    plain, plain_w = _float16_storage_reference(m16, x16, causal)
+    out = m16(x16, causal=causal)
+    assert out.dtype == np.float16 and m16.attn.dtype == np.float16, (out.dtype, m16.attn.dtype)
+    assert np.isfinite(out).all() and np.isfinite(m16.attn).all(), (
+        f"{int((~np.isfinite(out)).sum())} NaN/inf outputs at {scale} * x in float16: the scores "
+        f"overflow 65504 unless steps 3-6 run in float32")
+    for name, got, want, ref in (("outputs", out, golden, plain), ("weights", m16.attn, golden_w, plain_w)):
+        ref_err, allowed_err = derived_tolerance(want, ref, torch.float16)
+        err = float(np.abs(got.astype(np.float64) - want).max())
+        assert err <= allowed_err, (f"float16 {name}: error {err:.3g} > {allowed_err:.3g} = "
+                                    f"max(1e-3, 3 x the plain float16 path's {ref_err:.3g})")
+
+
+def test_attention_core_runs_float16_in_float32_and_returns_float16():
+    g = np.random.default_rng(3)
+    q, k, v = (a.astype(np.float16) for a in (300 * g.normal(size=(1, 2, 5, 8)),
+                                              300 * g.normal(size=(1, 2, 5, 8)),
+                                              g.normal(size=(1, 2, 5, 8))))  # (B, h, T|S, d_k)
+    q64, k64, v64 = (a.astype(np.float64) for a in (q, k, v))
+    s = q64 @ k64.swapaxes(-1, -2) / math.sqrt(8)  # (B, h, T, S), up to ~1e5: inf in float16
+    assert np.abs(s).max() > np.finfo(np.float16).max  # the case is the one that overflows
+    e = np.exp(s - s.max(-1, keepdims=True))
+    w64 = e / e.sum(-1, keepdims=True)
+    out, w = numpy_mha.attention(q, k, v)
+    assert out.dtype == np.float16 and w.dtype == np.float16
+    for got, want in ((out, w64 @ v64), (w, w64)):
+        ref_err, allowed_err = derived_tolerance(want, want.astype(np.float16), torch.float16)
+        err = float(np.abs(got.astype(np.float64) - want).max())
+        assert err <= allowed_err, f"core float16 error {err:.3g} > {allowed_err:.3g}"
 
 
 def test_weights_are_drawn_with_std_one_over_sqrt_d_model():

@@ -62,18 +62,34 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     are shared, as `repeat_kv` lays them out). `mask` is boolean, True = may attend, and
     `bias` is added to the scaled scores before the mask (ALiBi, relative positions); both
     broadcast to (B, h, T, S). Every module, position scheme, cache and variant ends here.
+    float16 inputs are computed in float32 and the results cast back (see `_compute_dtype`).
     """
     require_shape("k", k, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
     h, h_kv = shape_of(q)[1], shape_of(k)[1]
     if h_kv != h:
         k, v = (repeat_kv(a, _group(h, h_kv)) for a in (k, v))  # (B, h, S, d_k): shared heads
+    dtype, work = q.dtype, _compute_dtype(q.dtype)
+    if work != dtype:  # float16: the scores q.k overflow its 65504 long before the inputs do
+        q, k, v = (a.astype(work) for a in (q, k, v))  # (B, h, T|S, d_k) in float32
     scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
     if bias is not None:
         scores = scores + _broadcast("bias", bias, scores).astype(scores.dtype)  # after scaling
     if mask is not None:
         scores = steps.apply_mask(scores, mask)  # 4) -inf where masked, after the bias
     weights = steps.softmax(scores)  # 5) (B, h, T, S): rows sum to 1 (or are 0 if all masked)
-    return steps.weighted_sum(weights, v), weights  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+    out = steps.weighted_sum(weights, v)  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+    return out.astype(dtype, copy=False), weights.astype(dtype, copy=False)  # back to the input's
+
+
+def _compute_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype steps 3-6 run in: float32 for float16 inputs, else the inputs' own dtype.
+
+    float16's largest number is 65504: q and k entries of a few hundred already give scores past
+    it (inf), and softmax turns inf - inf into NaN. The weights lie in [0, 1] and the outputs are
+    averages of value rows, so both fit float16 again once computed. PyTorch's SDPA math path
+    (`_scaled_dot_product_attention_math`) upcasts half q, k, v to float32 the same way.
+    """
+    return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 
 def _group(h: int, h_kv: int) -> int:
