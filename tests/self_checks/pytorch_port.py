@@ -1,0 +1,143 @@
+"""Contract cases for mha.tryit.pytorch_port (09_pytorch_port.ipynb).
+
+The right answers are written here in plain torch from the numpy module's weights (the forward)
+and with tests/reference.py's loops (the padded output), not with the code the checks compare to.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from mha import diagnose, numpy_mha
+from mha.torch_mha import MultiHeadAttention
+from mha.tryit import pytorch_port as tryit
+from tests.reference import attention_loops
+from tests.self_checks import Case
+
+D_MODEL, N_HEADS = 16, 2
+NP_MHA = diagnose.module_with_biases(D_MODEL, N_HEADS, seed=5)  # nonzero biases: they matter
+
+
+def forward(split="view-transpose", merge="transpose-reshape", causal=True, scale=None,
+            out_proj=True, mask=None, ret="out"):
+    """A student's my_forward(x_np), written in plain torch from NP_MHA's weights, with one slip."""
+    W = {n: torch.from_numpy(getattr(NP_MHA, n)) for n in
+         ("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo", "bo")}  # numpy layout: W (in, out)
+
+    def my_forward(x_np):
+        x = torch.from_numpy(x_np)  # (B, T, d_model)
+        B, T, d = x.shape
+        h, d_k = N_HEADS, d // N_HEADS
+
+        def heads(a):  # (B, T, d_model) -> (B, h, T, d_k)
+            if split == "view-transpose":
+                return a.view(B, T, h, d_k).transpose(1, 2)
+            return a.view(B, h, T, d_k)  # no transpose: tokens and heads mixed
+
+        q, k, v = (heads(x @ W[f"W{n}"] + W[f"b{n}"]) for n in "qkv")  # (B, h, T, d_k)
+        y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
+                                           scale=scale)  # (B, h, T, d_k)
+        if ret == "heads":
+            return y
+        merged = {"transpose-reshape": lambda: y.transpose(1, 2).reshape(B, T, d),
+                  "reshape": lambda: y.reshape(B, T, d),     # no transpose back
+                  "view": lambda: y.view(B, T, d)}[merge]()  # (B, T, d_model)
+        out = merged @ W["Wo"] + W["bo"] if out_proj else merged  # (B, T, d_model)
+        return (out, None) if ret == "tuple" else out
+
+    return my_forward
+
+
+def _uses_globals(x_np):
+    """A forward that takes B, T from the notebook (2, 6) instead of from x."""
+    return torch.from_numpy(x_np).view(2, 6, N_HEADS, D_MODEL // N_HEADS)
+
+
+def _numpy_input(x_np):
+    """A forward that hands the numpy array to a torch layer."""
+    return torch.nn.Linear(D_MODEL, D_MODEL, dtype=torch.float64)(x_np)
+
+
+ANTI = ~torch.ones(5, 5, dtype=torch.bool).tril()  # nn.MultiheadAttention's causal mask (T = 5)
+
+# ---- the padding mask: B = 2, T = 6, item 0 has 3 real tokens ---------------------------------
+B, T, REAL = 2, 6, 3
+PT_MHA = MultiHeadAttention(D_MODEL, N_HEADS, seed=3, dtype=torch.float64)
+X = torch.from_numpy(np.random.default_rng(7).normal(size=(B, T, D_MODEL)))  # (B, T, d_model)
+
+
+def pad_of(rule) -> np.ndarray:
+    """pad[b, t, s] = rule(b, t, s), built with loops (True = may attend)."""
+    return np.array([[[rule(b, t, s) for s in range(T)] for t in range(T)] for b in range(B)])
+
+
+RIGHT_PAD = pad_of(lambda b, t, s: b == 1 or s < REAL)
+
+
+def padded_output(pad: np.ndarray, causal: bool = True) -> torch.Tensor:
+    """The module's output under `pad` (and causal), from tests/reference.py's loops."""
+    allowed = pad[:, None] & (np.tril(np.ones((T, T), dtype=bool)) if causal else True)  # (B, 1, T, S)
+    twin = numpy_mha.MultiHeadAttention(D_MODEL, N_HEADS, seed=3)  # the same draws as PT_MHA
+    out, _ = attention_loops(twin, X.numpy(), allowed=np.broadcast_to(allowed, (B, N_HEADS, T, T)))
+    return torch.from_numpy(out)  # (B, T, d_model)
+
+
+def with_pad(pad) -> tuple:
+    """check_padding's arguments for a pad, out_padded computed with it when the module takes it."""
+    try:
+        with torch.no_grad():
+            out = PT_MHA(X, causal=True, mask=torch.as_tensor(pad))
+    except (TypeError, ValueError):
+        out = None  # the student's cell raised: out_padded stays None
+    return (pad, out, PT_MHA, X)
+
+
+CASES = [
+    Case(tryit.check_forward,
+         right=lambda: (forward(), NP_MHA),
+         untried=lambda: (None, NP_MHA),
+         wrong={"splits without the transpose": lambda: (forward(split="view"), NP_MHA),
+                "merges without the transpose": lambda: (forward(merge="reshape"), NP_MHA),
+                "cannot merge axes": lambda: (forward(merge="view"), NP_MHA),
+                "is_causal=True": lambda: (forward(causal=False), NP_MHA),
+                "not scaled": lambda: (forward(scale=1.0), NP_MHA),
+                "scaled twice": lambda: (forward(scale=1 / (D_MODEL // N_HEADS)), NP_MHA),
+                "without the output projection": lambda: (forward(out_proj=False), NP_MHA),
+                "nn.MultiheadAttention's convention": lambda: (forward(causal=False, mask=ANTI),
+                                                               NP_MHA),
+                "the heads before step 7": lambda: (forward(ret="heads"), NP_MHA),
+                "returned a tuple": lambda: (forward(ret="tuple"), NP_MHA),
+                "from x.shape": lambda: (_uses_globals, NP_MHA),
+                "torch.from_numpy": lambda: (_numpy_input, NP_MHA),
+                "forget the `return`": lambda: (lambda x_np: None, NP_MHA)},
+         garbage=[lambda: ("my_forward", NP_MHA), lambda: (np.zeros((2, 5, D_MODEL)), NP_MHA),
+                  lambda: (lambda x_np: "out", NP_MHA),
+                  lambda: (lambda x_np: [[1.0, 2.0], [3.0]], NP_MHA)]),
+    Case(tryit.check_padding,
+         right=lambda: (RIGHT_PAD, padded_output(RIGHT_PAD), PT_MHA, X),
+         untried=lambda: (None, None, PT_MHA, X),
+         wrong={"nn.MultiheadAttention's convention": lambda: with_pad(~RIGHT_PAD),
+                "(B, T)": lambda: with_pad(np.array([[s < REAL for s in range(T)], [True] * T])),
+                "whole batch": lambda: with_pad(np.tril(np.ones((T, T), dtype=bool))),
+                "rows of queries": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or t < REAL)),
+                "also the rows": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or max(s, t) < REAL)),
+                "one too many": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or s < REAL + 1)),
+                "one too few": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or s < REAL - 1)),
+                "item 1 as well": lambda: with_pad(pad_of(lambda b, t, s: s < REAL)),
+                "instead of item 0": lambda: with_pad(pad_of(lambda b, t, s: b == 0 or s < REAL)),
+                "nothing is masked": lambda: with_pad(pad_of(lambda b, t, s: True)),
+                "float mask": lambda: with_pad(RIGHT_PAD.astype(np.float32)),
+                "without causal=True": lambda: (RIGHT_PAD, padded_output(RIGHT_PAD, causal=False),
+                                                PT_MHA, X),
+                "without the mask": lambda: (RIGHT_PAD, padded_output(np.ones((B, T, T), bool)),
+                                             PT_MHA, X),
+                "still None": lambda: (RIGHT_PAD, None, PT_MHA, X),
+                "not the padding mask yet": lambda: with_pad(pad_of(lambda b, t, s: not (b == 0 and s == 4))),
+                "off by": lambda: (RIGHT_PAD, padded_output(RIGHT_PAD) + 1e-3, PT_MHA, X)},
+         garbage=[lambda: ("pad", None, PT_MHA, X), lambda: ([[True, False], [True]], None, PT_MHA, X),
+                  lambda: (RIGHT_PAD.astype(np.int64), None, PT_MHA, X),
+                  lambda: (RIGHT_PAD, "out", PT_MHA, X),
+                  lambda: (RIGHT_PAD, torch.zeros(B, T), PT_MHA, X)]),
+]
