@@ -109,6 +109,58 @@ def test_online_softmax_equals_steps_softmax(n, block, seed, masked):
         assert m == finite.max() and math.isclose(ell, float(np.exp(finite - m).sum()), rel_tol=1e-12)
 
 
+# ---- passes over the scores: three, two, one ------------------------------------------------
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), block=st.integers(1, 12), seed=st.integers(0, 2**16),
+       masked=st.sampled_from(["none", "some", "all"]))
+@pytest.mark.filterwarnings("error")  # no RuntimeWarning from -inf - -inf or 0 / 0
+def test_three_two_and_one_pass_give_the_same_attention(n, block, seed, masked):
+    rng = np.random.default_rng(seed)
+    row, v = 30.0 * rng.normal(size=n), rng.normal(size=(n, 3))
+    if masked != "none":
+        row[rng.random(n) < (0.5 if masked == "some" else 2.0)] = -np.inf
+    want_w = steps.softmax(row)  # (n,); zeros for an all -inf row
+    want = np.zeros(3) if not want_w.any() else \
+        sum(want_w[s] * v[s] for s in range(n))  # a plain loop, not a matmul
+    for fn, passes in ((flash.softmax_three_passes, 3), (flash.softmax_two_passes, 2)):
+        stream = flash.ScoreStream(row, block)
+        w, m, ell = fn(stream)
+        np.testing.assert_allclose(w, want_w, rtol=0, atol=1e-12)
+        assert stream.passes == (passes if np.isfinite(row).any() else 1)  # all -inf: stop after the max
+        assert stream.reads == stream.passes * n
+    stream = flash.ScoreStream(row, block)
+    out, m, ell = flash.attend_one_pass(stream, v)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-12)
+    assert stream.passes == 1 and stream.reads == n
+    finite = row[np.isfinite(row)]
+    if finite.size:
+        assert m == finite.max() and math.isclose(ell, float(np.exp(finite - m).sum()), rel_tol=1e-12)
+    else:
+        assert (m, ell) == (-np.inf, 0.0)
+
+
+def test_a_stream_counts_the_ragged_last_block_and_refuses_a_matrix():
+    stream = flash.ScoreStream(np.arange(10.0), 4)
+    assert [x.size for x in stream] == [4, 4, 2] and stream.reads == 10 and stream.passes == 1
+    assert flash.ScoreStream(np.zeros(0), 3).passes == 0.0
+    with pytest.raises(ValueError, match=r"row must be one row of scores, shape \(S,\), got shape \(2, 3\)"):
+        flash.ScoreStream(np.zeros((2, 3)), 2)
+    with pytest.raises(ValueError, match=r"v must be \(S=4, d_v\), got \(5, 2\)"):
+        flash.attend_one_pass(flash.ScoreStream(np.zeros(4), 2), np.zeros((5, 2)))
+
+
+def test_format_schedule_draws_the_grid_and_counts():
+    text = flash.format_schedule(flash.tile_schedule(8, 8, 2, 2))
+    assert text == ("    k0 k1 k2 k3\n"
+                    "q0   P  .  .  .\n"
+                    "q1   F  P  .  .\n"
+                    "q2   F  F  P  .\n"
+                    "q3   F  F  F  P\n"
+                    ". SKIPPED: 6  P PARTIAL: 4  F FULL: 6")
+    with pytest.raises(ValueError, match="kinds must be a 2-d array of SKIPPED / PARTIAL / FULL"):
+        flash.format_schedule(np.array([[0, 3]]))
+
+
 @pytest.mark.parametrize("kwargs, match", [
     (dict(block_q=0), "block_q must be >= 1, got 0"),
     (dict(block_k=-2), "block_k must be >= 1, got -2"),

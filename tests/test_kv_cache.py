@@ -20,7 +20,7 @@ from torch.nn.attention.bias import causal_lower_right
 
 from mha import steps
 from mha.bench import derived_tolerance
-from mha.kv_cache import KVCache, TorchKVCache, decode_step, torch_decode_step
+from mha.kv_cache import KVCache, TorchKVCache, decode_step, decode_step_cost, torch_decode_step
 from mha.numpy_mha import MultiHeadAttention
 from mha.torch_mha import MultiHeadAttention as TorchMHA
 
@@ -305,3 +305,47 @@ def test_constructor_rejects_bad_arguments():
         KVCache(1, 2, 4, 4, np.int64)
     with pytest.raises(TypeError, match="dtype must be a floating-point torch.dtype"):
         TorchKVCache(1, 2, 4, 4, np.float64)
+
+
+# ---- what a decoding step costs on an accelerator ---------------------------------------------
+def test_decode_step_cost_of_a_7b_layer_is_memory_bound_on_an_h100():
+    c = decode_step_cost(1, 32, 4096, 128, 2)  # bf16, 32 heads of 128, 4096 cached positions
+    assert c.flops == 67_108_864  # 4 * 32 * 4096 * 128, by hand
+    assert c.bytes == 67_108_864  # 2 (K and V) * 32 * 4096 * 128 * 2 bytes, by hand
+    assert c.intensity == 1.0 and c.bound == "memory"
+    assert round(c.ridge) == 295  # 989e12 / 3.35e12
+    assert abs(c.memory_s - 67_108_864 / 3.35e12) < 1e-15 and c.memory_s / c.compute_s > 290
+
+
+@pytest.mark.parametrize("B, h, h_kv, itemsize, want", [(1, 8, None, 2, 1.0), (16, 8, None, 2, 1.0),
+                                                        (1, 8, None, 4, 0.5), (1, 8, 2, 2, 4.0),
+                                                        (4, 8, 1, 1, 16.0)])
+def test_intensity_is_two_over_itemsize_times_the_group_size(B, h, h_kv, itemsize, want):
+    """Batching adds work and cache alike (intensity unchanged); sharing K, V heads (GQA) raises it."""
+    c = decode_step_cost(B, h, 100, 64, itemsize, n_kv_heads=h_kv)
+    assert c.intensity == want
+
+
+@pytest.mark.parametrize("h_kv, dtype", [(8, np.float16), (2, np.float16), (8, np.float32)])
+def test_decode_step_reads_exactly_the_bytes_a_cache_allocates(h_kv, dtype):
+    cache = KVCache(3, h_kv, 100, 64, dtype)  # full: S = max_len = 100
+    assert decode_step_cost(3, 8, 100, 64, np.dtype(dtype).itemsize, n_kv_heads=h_kv).bytes == cache.nbytes
+
+
+def test_a_slow_enough_accelerator_makes_decoding_compute_bound():
+    c = decode_step_cost(1, 8, 100, 64, 2, peak_flops=1e9, bandwidth=1e12)  # ridge 0.001 FLOP/byte
+    assert c.bound == "compute" and c.compute_s > c.memory_s
+
+
+@pytest.mark.parametrize("kwargs, error, match", [
+    (dict(S=0), ValueError, "S must be >= 1, got 0"),
+    (dict(itemsize=2.0), TypeError, "itemsize must be an int, got float 2.0"),
+    (dict(n_kv_heads=3), ValueError, "h=8 must be a multiple of n_kv_heads=3"),
+    (dict(bandwidth=0), ValueError, "bandwidth must be a positive number, got 0"),
+    (dict(peak_flops="989e12"), ValueError, "peak_flops must be a positive number, got '989e12'"),
+])
+def test_decode_step_cost_rejects_bad_arguments(kwargs, error, match):
+    args = dict(B=1, h=8, S=16, d_k=64, itemsize=2) | kwargs
+    with pytest.raises(error, match=match):
+        decode_step_cost(**args)
+

@@ -18,6 +18,11 @@ blocks to share out, so the keys are split into chunks instead, one state per ch
 in parallel), then merged. `merge_partials` merges two already normalised results (out, lse),
 the form ring attention passes from device to device.
 
+Passes over the scores (`ScoreStream` counts them): the stable softmax reads a row three times
+(max, sum, normalise: `softmax_three_passes`); the online softmax finds max and sum in one pass
+and normalises in a second (`softmax_two_passes`); only fused with the weighted sum, the output
+rescaled instead of the weights, is it one pass (`attend_one_pass`, and the tiles below).
+
 Shape legend: B batch, h heads, T queries, S keys, d_k head width (d_v for values).
 """
 
@@ -26,6 +31,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+from collections.abc import Iterator
 
 import numpy as np
 
@@ -34,27 +40,93 @@ from .validate import mask_shape, require_float, require_int, require_shape, sha
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 """Tile kinds in `tile_schedule`: never computed, computed with some keys masked, all computed."""
 
+KIND_NAMES = {SKIPPED: "SKIPPED", PARTIAL: "PARTIAL", FULL: "FULL"}
+KIND_LETTERS = {SKIPPED: ".", PARTIAL: "P", FULL: "F"}
+"""How `format_schedule` prints each kind: a dot for a tile never computed."""
 
-def online_softmax(row: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
-    """Softmax of one row in one streaming pass over blocks: (weights, row max m, sum ell).
+
+class ScoreStream:
+    """One row of scores handed out block by block, as a kernel reads them from slow memory.
+
+    Iterating is one pass over the row; `reads` counts every score handed out, so `passes`
+    (reads / row length) says how many times an algorithm went over the scores.
+    """
+
+    def __init__(self, row: np.ndarray, block: int):
+        row = np.asarray(row)
+        require_float("row", row)
+        if row.ndim != 1:
+            raise ValueError(f"row must be one row of scores, shape (S,), got shape {row.shape}")
+        self.row, self.block, self.reads = row, require_int("block", block), 0
+
+    def __iter__(self) -> Iterator[np.ndarray]:
+        for j in range(0, self.row.size, self.block):
+            x = self.row[j:j + self.block]  # (block,), the last one maybe shorter
+            self.reads += x.size
+            yield x
+
+    @property
+    def passes(self) -> float:
+        """How many times the row was read, in whole rows (0 for an empty row)."""
+        return self.reads / self.row.size if self.row.size else 0.0
+
+
+def softmax_three_passes(scores: ScoreStream) -> tuple[np.ndarray, float, float]:
+    """The stable softmax as steps.softmax computes it: max, then sum, then normalise -> (w, m, ell)."""
+    m = max((float(x.max()) for x in scores), default=-np.inf)  # pass 1: the row max
+    if m == -np.inf:
+        return np.zeros_like(scores.row), m, 0.0  # nothing allowed: zeros, as steps.softmax
+    ell = sum(float(np.exp(x - m).sum()) for x in scores)  # pass 2: the denominator
+    w = np.concatenate([np.exp(x - m) / ell for x in scores])  # pass 3: the weights
+    return w.astype(scores.row.dtype), m, ell
+
+
+def softmax_two_passes(scores: ScoreStream) -> tuple[np.ndarray, float, float]:
+    """The online softmax: running max m and sum ell in ONE pass, then a pass to normalise.
 
     Each block updates the running max and rescales the running sum by exp(m_old - m_new),
-    so ell always equals sum(exp(row[:seen] - m)). An all -inf row gives zeros, as steps.softmax.
+    so ell always equals sum(exp(seen - m)). The weights need the final ell, known only after
+    the last block: that second pass stays. An all -inf row gives zeros, as steps.softmax.
     """
-    row = np.asarray(row)
-    require_float("row", row)
-    block = require_int("block", block)
     m, ell = -np.inf, 0.0
-    for j in range(0, row.shape[-1], block):
-        x = row[j:j + block]  # (block,)
+    for x in scores:  # pass 1: max and sum together
         m_new = max(m, float(x.max()))
         if m_new == -np.inf:
             continue  # nothing allowed so far: m and ell stay as they are
         ell = ell * math.exp(m - m_new) + float(np.exp(x - m_new).sum())  # rescale, then add
         m = m_new
     if ell == 0.0:
-        return np.zeros_like(row), m, ell
-    return (np.exp(row - m) / ell).astype(row.dtype), m, ell
+        return np.zeros_like(scores.row), m, ell
+    w = np.concatenate([np.exp(x - m) / ell for x in scores])  # pass 2: the weights
+    return w.astype(scores.row.dtype), m, ell
+
+
+def attend_one_pass(scores: ScoreStream, v: np.ndarray) -> tuple[np.ndarray, float, float]:
+    """softmax(scores) @ v (S,) @ (S, d_v) -> (d_v,) in ONE pass over the scores: (out, m, ell).
+
+    The online softmax fused with the weighted sum: the unnormalised output acc = sum p v is
+    rescaled by exp(m_old - m_new) with ell, and divided once at the end. The weights are never
+    written, so no pass goes back over the scores (FlashAttention's inner loop, for one row).
+    """
+    v = np.asarray(v)
+    require_float("v", v)
+    require_shape("v", v, (("S", scores.row.size), ("d_v", None)))
+    m, ell, acc, s0 = -np.inf, 0.0, np.zeros(v.shape[-1], dtype=v.dtype), 0
+    for x in scores:  # the only pass
+        vb, s0 = v[s0:s0 + x.size], s0 + x.size  # (bk, d_v): the values of this block
+        m_new = max(m, float(x.max()))
+        if m_new == -np.inf:
+            continue
+        alpha, p = math.exp(m - m_new), np.exp(x - m_new)  # rescale factor, (bk,) weights * ell
+        ell, acc = alpha * ell + float(p.sum()), alpha * acc + p @ vb  # (bk,) @ (bk, d_v) -> (d_v,)
+        m = m_new
+    out = acc / ell if ell > 0.0 else np.zeros_like(acc)  # (d_v,): one division, on d_v numbers
+    return out, m, ell
+
+
+def online_softmax(row: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
+    """Softmax of one row read in blocks: (weights, row max m, sum ell), by `softmax_two_passes`."""
+    return softmax_two_passes(ScoreStream(row, block))
 
 
 def _allowed_block(t0: int, t1: int, s0: int, s1: int, causal: bool, offset: int,
@@ -315,3 +387,19 @@ def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = Tru
             elif s1 - 1 > t0 + offset:
                 kinds[i, j] = PARTIAL  # the diagonal cuts through the tile
     return kinds
+
+
+def format_schedule(kinds: np.ndarray) -> str:
+    """A tile schedule as a labelled grid (q0.. rows, k0.. columns) with a legend and counts."""
+    kinds = np.asarray(kinds)
+    if kinds.ndim != 2 or not set(np.unique(kinds).tolist()) <= set(KIND_NAMES):
+        raise ValueError(f"kinds must be a 2-d array of SKIPPED / PARTIAL / FULL ({sorted(KIND_NAMES)}), "
+                         f"got shape {kinds.shape} with values {np.unique(kinds).tolist()}")
+    nq, nk = kinds.shape
+    width = max(len(f"q{nq - 1}"), len(f"k{nk - 1}")) + 1
+    lines = [" " * width + "".join(f"{f'k{j}':>{width}}" for j in range(nk))]
+    lines += [f"{f'q{i}':<{width}}" + "".join(f"{KIND_LETTERS[int(c)]:>{width}}" for c in row)
+              for i, row in enumerate(kinds)]
+    lines.append("  ".join(f"{KIND_LETTERS[k]} {name}: {int((kinds == k).sum())}"
+                           for k, name in KIND_NAMES.items()))
+    return "\n".join(lines)

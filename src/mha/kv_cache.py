@@ -18,9 +18,16 @@ numpy and torch twins, same signatures:
                                         (several layers: a list of caches, one per layer)
     decode_step   / torch_decode_step   (module, cache, x_new (B, t_new, d_model)) -> (B, t_new, d_model):
                                         module.forward(x_new, causal=True, cache=cache)
+
+And what a decoding step costs on an accelerator: `decode_step_cost` counts the FLOPs of one new
+token's attention and the bytes of cache it reads, against a peak compute rate and a memory
+bandwidth (an H100 SXM's by default): about 1 FLOP per byte in bf16, far below the ~295 FLOP per
+byte where the H100 stops being bound by memory.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -31,6 +38,72 @@ ALIGNMENTS = ("bottom_right", "top_left")
 
 EMPTY = -1
 """The position an empty slot (or a pad token) holds: negative positions are never attended."""
+
+H100_SXM_BF16_FLOPS = 989e12
+"""Dense bf16 tensor-core peak of an NVIDIA H100 SXM, FLOP/s. The NVIDIA H100 Tensor Core GPU
+datasheet lists "BF16 Tensor Core 1,979 teraFLOPS" with 2:4 structured sparsity; dense is half."""
+
+H100_SXM_BYTES_PER_S = 3.35e12
+"""HBM3 bandwidth of an NVIDIA H100 SXM, bytes/s: "GPU memory bandwidth 3.35TB/s" (same datasheet)."""
+
+
+@dataclass(frozen=True)
+class DecodeCost:
+    """One decoding step's attention core on one accelerator: the work, the traffic, the two times."""
+
+    flops: int
+    bytes: int
+    peak_flops: float
+    bandwidth: float
+
+    @property
+    def intensity(self) -> float:
+        """Arithmetic intensity, FLOPs per byte read."""
+        return self.flops / self.bytes
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte at which the accelerator stops being memory-bound: peak / bandwidth."""
+        return self.peak_flops / self.bandwidth
+
+    @property
+    def compute_s(self) -> float:
+        """Seconds the FLOPs take at the peak rate (a lower bound)."""
+        return self.flops / self.peak_flops
+
+    @property
+    def memory_s(self) -> float:
+        """Seconds the bytes take at full bandwidth (a lower bound)."""
+        return self.bytes / self.bandwidth
+
+    @property
+    def bound(self) -> str:
+        """"memory" or "compute": which of the two lower bounds is the larger."""
+        return "memory" if self.memory_s >= self.compute_s else "compute"
+
+
+def decode_step_cost(B: int, h: int, S: int, d_k: int, itemsize: int, n_kv_heads: int | None = None,
+                     peak_flops: float = H100_SXM_BF16_FLOPS,
+                     bandwidth: float = H100_SXM_BYTES_PER_S) -> DecodeCost:
+    """FLOPs and cache bytes of one layer's attention for one new token per sequence, S positions cached.
+
+    FLOPs: each of the h query heads scores S keys (2 d_k FLOPs each) and sums S values (2 d_k):
+    4 * B * h * S * d_k. Bytes: the whole cache, K and V of S positions in n_kv_heads heads,
+    read once: 2 * B * n_kv_heads * S * d_k * itemsize. The new q, k, v and the output add
+    O(B * h * d_k) and are left out. n_kv_heads None: h (plain multi-head attention).
+    """
+    B, h, S, d_k = (require_int(n, x) for n, x in (("B", B), ("h", h), ("S", S), ("d_k", d_k)))
+    itemsize = require_int("itemsize", itemsize)
+    h_kv = h if n_kv_heads is None else require_int("n_kv_heads", n_kv_heads)
+    if h % h_kv:
+        raise ValueError(f"h={h} must be a multiple of n_kv_heads={h_kv}: each key/value head serves "
+                         f"a whole group of query heads")
+    for name, rate in (("peak_flops", peak_flops), ("bandwidth", bandwidth)):
+        if isinstance(rate, bool) or not isinstance(rate, int | float) or not rate > 0:
+            raise ValueError(f"{name} must be a positive number, got {rate!r}")
+    flops = 4 * B * h * S * d_k  # (B, h, 1, d_k) @ (B, h, d_k, S), then (B, h, 1, S) @ (B, h, S, d_k)
+    nbytes = 2 * B * h_kv * S * d_k * itemsize  # K and V, each (B, h_kv, S, d_k)
+    return DecodeCost(flops, nbytes, float(peak_flops), float(bandwidth))
 
 
 class _Cache:

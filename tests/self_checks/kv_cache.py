@@ -11,6 +11,9 @@ CASES = [
                 "8 bytes per number": lambda: (8_388_608,),
                 "MiB": lambda: (4,),
                 "heads": lambda: (524_288,),
+                "bits": lambda: (33_554_432,),  # 4,194,304 * 8
+                "one position": lambda: (4_096,),  # 2 * 8 * 64 * 4, also the answer in KiB
+                "leaves out d_k": lambda: (65_536,),  # 2 * 8 * 1024 * 4
                 "times the size": lambda: (1000,)},
          garbage=[lambda: ("4 MiB",), lambda: ([4194304, 1],), lambda: (4194304.5,)]),
 ]

@@ -20,19 +20,22 @@ def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, 
     if got == want:
         return right(f"{want:,} bytes = {want / 2**20:g} MiB: K and V, each {numbers:,} numbers "
                      f"of {itemsize} bytes")
-    mistakes = {
-        numbers * itemsize: "that is K alone (or V alone): the cache holds both, a factor 2",
-        2 * numbers: "that counts numbers, not bytes: each float32 number takes 4 bytes",
-        2 * numbers * 8: "that is 8 bytes per number (float64); float32 takes 4",
-        2 * numbers * itemsize // 8: "that is bits divided wrong, or bytes counted as bits: "
-                                     "the answer is in bytes, 4 per float32 number",
-        want // 2**20: "that is MiB: the answer is wanted in bytes",
-        want // 2**10: "that is KiB: the answer is wanted in bytes",
-        2 * B * max_len * d_k * itemsize: "that leaves out the h = 8 heads: every head caches "
-                                          "its own keys and values",
-        2 * B * h * max_len * itemsize: "that leaves out d_k: each cached key and value is a "
-                                        "vector of d_k numbers per head",
-    }
+    mistakes: dict[int, str] = {}
+    for value, why in (
+        (numbers * itemsize, "that is K alone (or V alone): the cache holds both, a factor 2"),
+        (2 * numbers, "that counts numbers, not bytes: each float32 number takes 4 bytes"),
+        (2 * numbers * 8, "that is 8 bytes per number (float64); float32 takes 4"),
+        (want * 8, "that is bits: the answer is wanted in bytes (8 bits each)"),
+        (want // 2**20, "that is MiB: the answer is wanted in bytes"),
+        (want // 2**10, "that is KiB: the answer is wanted in bytes"),
+        (2 * B * h * d_k * itemsize, "that is the cache of one position: multiply by the "
+                                     f"max_len = {max_len} positions it has room for"),
+        (2 * B * max_len * d_k * itemsize, f"that leaves out the h = {h} heads: every head caches "
+                                           "its own keys and values"),
+        (2 * B * h * max_len * itemsize, "that leaves out d_k: each cached key and value is a "
+                                         "vector of d_k numbers per head"),
+    ):  # two mistakes that give the same number share it: both messages are shown
+        mistakes[value] = f"{mistakes[value]}; or {why}" if value in mistakes else why
     if got in mistakes:
         not_yet(mistakes[got])
     not_yet(f"{got:,} is {got / want:.3g} times the size; count K and V, B * h * max_len * d_k "
