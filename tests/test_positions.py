@@ -2,7 +2,9 @@
 
 References used here, each independent of the code under test:
   * RoPE: complex multiplication, (x1 + i x2) e^{i m theta}, written from the formula;
-  * ALiBi slopes: the paper's recursive rule, rewritten here;
+  * RoPE's direction: unit vectors turned by hand-worked angles (a clockwise RoPE is relative too);
+  * ALiBi slopes: the paper's recursive rule, rewritten here, and values worked out by hand;
+  * sliding windows: flash-attn's documented window_size rule and Hugging Face's mask function;
   * attention: tests/reference.attention_loops (plain loops), and torch SDPA called directly
     on q, k, v built with einsum from the numpy weights (float64, 1e-12);
   * float32: tolerances derived from the float32 math path's own error (mha.bench).
@@ -36,6 +38,9 @@ from mha.positions import (
     repeat_kv,
     rope,
     rope_scores,
+    rope_tables,
+    rotate_half,
+    rotate_pairs,
     torch_attend,
     torch_flex_attend,
 )
@@ -159,6 +164,61 @@ def test_rope_rejects_bad_input_naming_expected_and_got(x, positions, error, wor
         rope(np.zeros((3, 4)), base=0.5)
 
 
+# ---- RoPE's direction: the relative property holds either way, so it is fixed by values ----------
+# (position m, pairing, feature set to 1, the two features of its pair, the pair after the turn),
+# worked out from the formula (x_i, x_j) -> (x_i cos - x_j sin, x_i sin + x_j cos), angle m * theta_i,
+# theta_i = 10000^(-2i/d_k) with d_k = 8: theta_0 = 1, theta_1 = 0.1.
+TURNS = [
+    (1, "half", 0, (0, 4), (math.cos(1.0), math.sin(1.0))),  # (1, 0) -> (cos, sin): counter-clockwise
+    (1, "half", 4, (0, 4), (-math.sin(1.0), math.cos(1.0))),  # (0, 1) -> (-sin, cos)
+    (3, "half", 1, (1, 5), (math.cos(0.3), math.sin(0.3))),  # pair 1 at position 3: angle 0.3
+    (2, "interleaved", 0, (0, 1), (math.cos(2.0), math.sin(2.0))),  # RoFormer's adjacent pairs
+    (5, "interleaved", 3, (2, 3), (-math.sin(0.5), math.cos(0.5))),  # pair 1, (0, 1), angle 0.5
+]
+
+
+def assert_turns_counter_clockwise(rope_fn, backend: str = "numpy") -> None:
+    """Each unit vector turns within its own pair to the values worked out above."""
+    for m, pairing, i, pair, want in TURNS:
+        e = np.zeros((1, 1, 1, 8))  # (B, h, T=1, d_k)
+        e[..., i] = 1.0
+        got = _np(rope_fn(_as(backend, e), _as(backend, np.array([m])), pairing=pairing))[0, 0, 0]
+        assert np.allclose(got[list(pair)], want, rtol=0, atol=1e-15), (m, pairing, i, got)
+        assert not np.delete(got, pair).any(), f"the rotation leaked out of pair {pair}: {got}"
+
+
+def _clockwise(x, positions, pairing="half"):
+    """PLANTED: the sign of sin flipped (positions negated), for q and k alike."""
+    return rope(x, -np.asarray(positions), pairing=pairing)
+
+
+def _rotate_half_flipped(x, positions, pairing="half"):
+    """PLANTED: the quarter turn written the other way round, cat(x2, -x1): x cos - rotate_half(x) sin."""
+    cos, sin = rope_tables(np.asarray(positions), x.shape[-1], pairing=pairing)  # 2 x (T, d_k)
+    turn = rotate_half if pairing == "half" else rotate_pairs
+    return x * cos - turn(x) * sin
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_rope_turns_each_pair_counter_clockwise(backend):
+    assert_turns_counter_clockwise(rope, backend)
+
+
+@pytest.mark.parametrize("planted", [_clockwise, _rotate_half_flipped])
+def test_the_direction_check_fails_on_a_planted_clockwise_rope(planted):
+    with pytest.raises(AssertionError):
+        assert_turns_counter_clockwise(planted)
+
+
+def test_a_clockwise_rope_is_relative_too_so_only_values_catch_it(rng):
+    # check_relative passes it: the offset property cannot see the direction ...
+    assert check_relative(lambda q, k, pq, pk: steps.scaled_scores(_clockwise(q, pq), _clockwise(k, pk)))
+    # ... because it is the usual rotation of q and k with the second feature of every pair negated
+    flip = np.r_[np.ones(4), -np.ones(4)]  # (d_k,): half split, pair i = (i, i + 4)
+    x = rng.normal(size=(1, 2, 5, 8))
+    np.testing.assert_allclose(_clockwise(x, np.arange(5)), rope(x * flip, np.arange(5)) * flip, atol=1e-15)
+
+
 # ---- the named check: check_relative ---------------------------------------------------------
 def test_check_relative_passes_rope_and_the_adjacent_pair_convention():
     assert check_relative(rope_scores).startswith("relative: scores unchanged")
@@ -212,6 +272,50 @@ def test_alibi_slopes_follow_the_paper(n):
 def test_alibi_slopes_for_eight_heads_are_one_half_to_one_256th():
     np.testing.assert_array_equal(alibi_slopes(8), [2.0**-i for i in range(1, 9)])
 
+
+
+# The paper's slopes worked out by hand (not by any rule in code): n a power of two gives
+# 2^(-8/n), 2^(-16/n), ..., 2^(-8); otherwise the p = 2^floor(log2 n) slopes of p heads, then
+# the 2p-head sequence's slopes 1, 3, 5, ... (every other, from its first) until there are n.
+PAPER_SLOPES = {
+    1: [2**-8],  # 2^(-8/1)
+    3: [2**-4, 2**-8, 2**-2],  # p = 2: 1/16, 1/256; the 4-head 2^-2, 2^-4, ... gives 2^-2
+    6: [2**-2, 2**-4, 2**-6, 2**-8, 2**-1, 2**-3],  # p = 4; the 8-head 2^-1 .. 2^-8 gives 2^-1, 2^-3
+    8: [2**-1, 2**-2, 2**-3, 2**-4, 2**-5, 2**-6, 2**-7, 2**-8],  # 1/2 .. 1/256
+    12: [2**-1, 2**-2, 2**-3, 2**-4, 2**-5, 2**-6, 2**-7, 2**-8,  # p = 8; the 16-head sequence
+         2**-0.5, 2**-1.5, 2**-2.5, 2**-3.5],  # 2^-0.5, 2^-1, ... gives 2^-0.5, 2^-1.5, ...
+}
+
+
+def assert_paper_slopes(slopes_fn) -> None:
+    """slopes_fn(n) equals the hand-worked slopes for every n of PAPER_SLOPES."""
+    for n, want in PAPER_SLOPES.items():
+        got = np.asarray(slopes_fn(n))
+        assert got.shape == (n,) and np.allclose(got, want, rtol=1e-15, atol=0), (n, got, want)
+
+
+def _geometric(n):
+    return 2.0 ** (-8.0 * np.arange(1, n + 1) / n)
+
+
+PLANTED_SLOPES = {
+    "exponent from 0": lambda n: 2.0 ** (-8.0 * np.arange(0, n) / n),  # 1, ..., 2^(-8 + 8/n)
+    "one head too many": lambda n: 2.0 ** (-8.0 * np.arange(1, n + 1) / (n + 1)),
+    "geometric for every n": _geometric,  # ignores the rule for n not a power of two
+    "odd slopes of 2p": lambda n: np.concatenate([  # the other half of the 2p-head sequence
+        _geometric(2 ** int(math.log2(n))), _geometric(2 ** (int(math.log2(n)) + 1))[1::2]
+    ])[:n] if not math.log2(n).is_integer() else _geometric(n),
+}
+
+
+def test_alibi_slopes_equal_the_values_worked_out_by_hand():
+    assert_paper_slopes(alibi_slopes)
+
+
+@pytest.mark.parametrize("name", list(PLANTED_SLOPES))
+def test_the_slope_check_fails_on_each_planted_off_by_one(name):
+    with pytest.raises(AssertionError):
+        assert_paper_slopes(PLANTED_SLOPES[name])
 
 def test_alibi_bias_values_shape_and_offset():
     b = alibi_bias(4, 5)
@@ -487,6 +591,36 @@ def test_a_window_as_wide_as_the_sequence_is_causal(rng):
     x = rng.normal(size=(1, 6, 24))
     np.testing.assert_array_equal(attend(m, x, mask=masks.sliding_window_mask(6, 6)), m(x, causal=True))
 
+
+
+def _by_rule(rule, T: int) -> np.ndarray:
+    """(T, T) boolean from a rule on (query i, key j), in plain loops."""
+    return np.array([[bool(rule(i, j)) for j in range(T)] for i in range(T)])
+
+
+@pytest.mark.parametrize("W", [1, 3, 5])
+def test_window_w_covers_the_w_keys_t_minus_w_plus_1_to_t(W):
+    T = 9
+    ours = masks.sliding_window_mask(T, W)  # (T, S)
+    np.testing.assert_array_equal(ours, _by_rule(lambda i, j: i - W + 1 <= j <= i, T))
+    assert (ours.sum(-1) == np.minimum(np.arange(1, T + 1), W)).all()  # W keys once the band is full
+    # flash-attn's window_size=(left, right): keys i - left .. i + right inclusive (its docstring):
+    # (W - 1, 0) is ours, (W, 0) is one key more, our W + 1
+    flash = lambda left, right: _by_rule(lambda i, j: i - left <= j <= i + right, T)  # noqa: E731
+    np.testing.assert_array_equal(ours, flash(W - 1, 0))
+    np.testing.assert_array_equal(masks.sliding_window_mask(T, W + 1), flash(W, 0))
+    assert not np.array_equal(ours, flash(W, 0))  # the off-by-one is visible
+
+
+@pytest.mark.parametrize("W", [1, 3, 5])
+def test_window_w_is_hugging_faces_sliding_window_w(W):
+    masking = pytest.importorskip("transformers.masking_utils")
+    rule = masking.sliding_window_causal_mask_function(W)  # what Mistral's sliding_window uses
+    T = 9
+    hf = _by_rule(lambda i, j: rule(torch.tensor(0), torch.tensor(0), torch.tensor(i), torch.tensor(j)), T)
+    np.testing.assert_array_equal(masks.sliding_window_mask(T, W), hf)
+    with pytest.raises(AssertionError):  # and a window one wider is not
+        np.testing.assert_array_equal(masks.sliding_window_mask(T, W + 1), hf)
 
 @pytest.mark.parametrize("window", [0, -2])
 def test_window_must_be_positive(window):

@@ -165,42 +165,10 @@ def check_causal(
 def check_padded_positions(answer, lengths: Sequence[int], T: int) -> str:
     """Self-check for left-padded positions (B, T): 0..L-1 on each sequence's real tokens, -1 on pads.
 
-    Names the usual mistakes: pads on the wrong side, pads at 0, counting from 1, counting from
-    the first column, one row of 0..T-1 for all.
+    Names the usual mistakes (pads on the wrong side, pads at 0, counting from 1, counting from
+    the first column, one row of 0..T-1 for all, ...): 17_generation.ipynb's Try-it check,
+    `mha.tryit.generation.check_padded_positions`, which raises NotYet (an AssertionError).
     """
-    from .compose import padded_positions  # compose imports this package's validate only
+    from .tryit.generation import check_padded_positions as check  # tryit imports compose
 
-    if answer is None:
-        return "not tried yet: replace None with your (B, T) array of positions"
-    lengths = np.asarray(lengths)
-    want = padded_positions(lengths, T)  # (B, T)
-    got = np.asarray(answer)
-    if got.shape != want.shape:
-        raise AssertionError(f"positions must be (B={want.shape[0]}, T={T}), one per token, got "
-                             f"shape {got.shape}")
-    if not np.issubdtype(got.dtype, np.integer):
-        raise AssertionError(f"positions must be whole numbers (an int array), got dtype {got.dtype}")
-    if np.array_equal(got, want):
-        return "right: each sentence counts 0, 1, ... from its own first token, and every pad is -1"
-    real = want >= 0
-    cols = np.broadcast_to(np.arange(T), want.shape)
-    mistakes = [
-        (padded_positions(lengths, T, side="right"),
-         "the pads are on the right: for generation they go on the LEFT, so every prompt ends in "
-         "the last column and the next token is appended in the same place for all"),
-        (np.maximum(want, 0), "the pads are at position 0: a pad then looks like each sentence's "
-                              "first token and is attended to; mark pads with -1 (negative)"),
-        (np.where(real, want + 1, -1), "off by one: a sentence's first real token is at position 0, "
-                                       "not 1"),
-        (np.where(real, cols, -1), "the positions count from the first column, not from where each "
-                                   "sentence starts: a left-padded sentence of length L starts at "
-                                   "column T - L, at position 0"),
-        (cols, "every row is 0..T-1: that ignores the padding altogether"),
-    ]
-    for wrong, why in mistakes:
-        if got.shape == wrong.shape and np.array_equal(got, wrong):
-            raise AssertionError(f"not yet: {why}")
-    b, t = (int(i) for i in np.argwhere(got != want)[0])
-    raise AssertionError(f"not yet: sequence {b} (length {int(lengths[b])}) at column {t} has "
-                         f"{int(got[b, t])}; no usual mistake fits. Count each sentence from 0 at its "
-                         f"first real token, and give every pad -1")
+    return check(answer, lengths, T)

@@ -1,5 +1,5 @@
-"""Say what is wrong with a student's generation code (lesson 17, A6), as `mha.diagnose` does for
-the forward.
+"""Say what is wrong with a student's generation code (17_generation.ipynb, A6), as `mha.diagnose`
+does for the forward.
 
     check_positions(left_padded_positions)            # positions of a left-padded batch
     check_generation(greedy_generate, model, tokens, positions, n_new)   # greedy decoding, cached

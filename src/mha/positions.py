@@ -4,7 +4,8 @@ Shape legend: B batch, T query length, S key length, d_model, h query heads, h_k
 heads (h_kv divides h; g = h / h_kv query heads share one key/value head), d_k = d_model / h.
 
 Attention by itself does not know where a token is: permute the keys and the weights permute
-with them. This module adds position the two common ways, right where notebook 16 says:
+with them. This module adds position the two common ways, where 16_positions_and_variants.ipynb
+puts them:
 
     rope(x, positions, base)           rotate q and k (..., T, d_k) by their positions (numpy or torch);
                                        then q_m . k_n depends on m - n only (RoFormer)
