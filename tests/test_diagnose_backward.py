@@ -224,3 +224,67 @@ def test_unknown_step_names_are_refused():
         diagnose_backward.check_step_backward("softmx", softmax_jacobian)
     with pytest.raises(ValueError, match="unknown step 'softmx'"):
         diagnose_backward.step_cases("softmx", np.random.default_rng(0))
+
+
+# ---- slips that are not planted bugs are named too --------------------------------------------
+def _jacobian(w):
+    return w[..., :, None] * np.eye(w.shape[-1]) - w[..., :, None] * w[..., None, :]  # (..., S, S)
+
+
+SOFTMAX_SLIPS = {  # a student's softmax backward -> (the words its verdict must hold, looks like)
+    "sign flipped": (lambda dw, w: np.einsum("...ij,...i->...j", -_jacobian(w), dw), "sign_flipped"),
+    "w * w (elementwise)": (lambda dw, w: w * dw - w * w * dw, "w_times_w"),
+    "0 everywhere": (lambda dw, w: np.einsum("...ij,...j->...j", _jacobian(w), dw),
+                     "einsum_wrong_axis"),
+    "summed over the whole array": (lambda dw, w: w * (dw - (w * dw).sum()), "sum_over_everything"),
+    "factor w in front is missing": (lambda dw, w: dw - (w * dw).sum(-1, keepdims=True),
+                                     "no_leading_w"),
+}
+
+
+@pytest.mark.parametrize("words", sorted(SOFTMAX_SLIPS))
+def test_softmax_slips_outside_planted_are_named(words):
+    fn, slip = SOFTMAX_SLIPS[words]
+    verdict = diagnose_backward.step_backward("softmax_backward", fn)
+    assert not verdict.ok and verdict.bug is None, verdict.message
+    assert words in verdict.message and f"looks like: {slip}]" in verdict.message, verdict.message
+    assert "no known mistake fits" not in verdict.message
+
+
+def test_a_slip_is_named_only_if_it_explains_the_earlier_cases():
+    """Right on the ordinary cases, then a slip's numbers: the slip would have failed them too."""
+    def sign_flipped_late(dw, w):
+        right = grad.softmax_backward(dw, w)
+        return right if w.shape[-1] == 6 else -right  # ordinary and peaked right, causal flipped
+
+    msg = diagnose_backward.step_backward("softmax_backward", sign_flipped_late).message
+    assert "[case: causal weights" in msg and "no known mistake fits" in msg, msg
+    assert "looks like" not in msg
+    zeros_late = lambda dw, w: grad.softmax_backward(dw, w) if w.shape[-1] == 6 else 0 * w  # noqa: E731
+    msg = diagnose_backward.step_backward("softmax_backward", zeros_late).message
+    assert "no known mistake fits" in msg and "looks like" not in msg, msg
+
+
+@pytest.mark.parametrize(("fn", "words"), [
+    (lambda dw, w: w * (dw - (w * dw).sum(-1)), "Missing keepdims"),
+    (lambda dw, w: (np.diag(w) - np.outer(w, w)) @ dw, "np.diag builds one (S, S) matrix"),
+    (lambda dw, w: _jacobian(w) @ dw, "as a stack of (T, S) matrices"),
+])
+def test_errors_a_softmax_backward_raises_are_explained(fn, words):
+    msg = diagnose_backward.step_backward("softmax_backward", fn).message
+    assert "raised ValueError" in msg and words in msg, msg
+
+
+def test_every_suggested_fix_runs_as_typed():
+    """The fixes the messages suggest, typed as they read, give the reference gradient."""
+    rng = np.random.default_rng(0)
+    w = diagnose_backward._softmax(rng.normal(size=(2, 3, 4, 6)))
+    g = rng.normal(size=w.shape)
+    typed = w * (g - np.sum(w * g, axis=-1, keepdims=True))  # "w * (g - sum(w * g, axis=-1, keepdims=True))"
+    np.testing.assert_allclose(typed, grad.softmax_backward(g, w), rtol=0, atol=1e-15)
+    J = _jacobian(w)
+    np.testing.assert_allclose((J @ g[..., :, None])[..., 0], typed, rtol=0, atol=1e-15)
+    np.testing.assert_allclose(np.einsum("...ij,...i->...j", J, g), typed, rtol=0, atol=1e-15)
+    for said in (diagnose_backward._CASE_HINTS["a fully masked row (all its weights 0)"],
+                 diagnose_backward._EVIDENCE["softmax_no_outer_product"]((w * g,), (typed,), (g, w))):
+        assert "keepdims=True" in said, said

@@ -17,10 +17,12 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention.bias import causal_lower_right
 
 from mha import masks
 from mha.numpy_mha import MultiHeadAttention
 from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha.tryit.padding_masks import check_decoder_mask
 from tests.reference import attention_loops
 
 IMPLS = ["numpy", "sdpa", "manual"]
@@ -260,6 +262,23 @@ def test_attn_mask_with_is_causal_raises_in_math_and_is_accepted_by_cpu_flash():
     torch.testing.assert_close(both, combined, rtol=0, atol=1e-12)
 
 
+
+@pytest.mark.parametrize("backend", [SDPBackend.MATH, SDPBackend.FLASH_ATTENTION])
+def test_is_causal_with_fewer_queries_is_top_left_on_both_cpu_backends(backend):
+    """is_causal=True with T != S runs on CPU, as the top-left mask s <= t (not bottom-right)."""
+    q, k, v = _qkv(T=6)
+    q = q[:, :, :3]  # T = 3 queries, S = 6 keys
+    top_left = torch.ones(3, 6, dtype=torch.bool).tril()
+    bottom_right = causal_lower_right(3, 6)
+    with sdpa_kernel(backend):
+        got = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    torch.testing.assert_close(got, F.scaled_dot_product_attention(q, k, v, attn_mask=top_left),
+                               rtol=0, atol=1e-12)
+    by_hand = F.scaled_dot_product_attention(q, k, v, attn_mask=torch.ones(3, 6).tril(3).bool())
+    torch.testing.assert_close(F.scaled_dot_product_attention(q, k, v, attn_mask=bottom_right),
+                               by_hand, rtol=0, atol=1e-12)
+    assert (got - by_hand).abs().max() > 0.1
+
 def test_int_mask_is_rejected_by_sdpa_and_float_mask_by_our_modules(rng):
     q, k, v = _qkv()
     allowed = masks.padding_mask(torch.tensor([5, 2, 3]), 5)
@@ -425,6 +444,7 @@ def planted(name: str, causal: bool = False) -> np.ndarray:
         "causal_unasked": masks.padding_mask(L3, T, causal=True),
         "key_mask_2d": keys,
         "float01": masks.padding_mask(L3, T, causal=causal).astype(np.float32),
+        "int01": masks.padding_mask(L3, T, causal=causal).astype(np.int64),
     }[name]
 
 
@@ -444,6 +464,7 @@ CAUGHT = [  # (planted mistake, causal, words the message must contain)
     ("causal_unasked", False, "a causal mask although causal=False"),
     ("key_mask_2d", False, "Reshape it to (B, 1, 1, S)"),
     ("float01", False, "must be boolean"),
+    ("int01", False, "SDPA refuses an integer attn_mask"),
 ]
 
 
@@ -462,6 +483,16 @@ def test_with_causal_right_padding_the_key_side_is_redundant(name):
     masks.check_padding(planted(name, causal=True), L3, causal=True)
 
 
+def test_the_try_it_check_agrees_the_key_term_is_redundant_under_causal():
+    """14's Try it: dropping the key term, or writing it with <=, is the same array, so 'right'."""
+    lengths, n = np.array([5, 3, 1]), 5
+    s = np.arange(n)
+    real, le, tri = s < lengths[:, None], s <= lengths[:, None], s[None, :] <= s[:, None]
+    for same in (real[:, None, :, None] & tri, le[:, None, None, :] & real[:, None, :, None] & tri):
+        assert check_decoder_mask(same).startswith("right")
+        assert "right" in masks.check_padding(same, lengths, causal=True)
+
+
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_check_padding_passes_right_masks(backend, causal):
@@ -473,6 +504,39 @@ def test_check_padding_passes_right_masks(backend, causal):
         if backend == "torch" else np.broadcast_to(masks.padding_mask(lengths, T, causal=causal), (3, 4, T, T))
     masks.check_padding(per_head, lengths, causal)  # (B, h, T, S) is fine too
 
+
+
+def test_check_padding_names_an_off_by_one_on_the_query_side():
+    """With causal masking s <= L only shows in the query rows: the first padded one is open."""
+    s = np.arange(T)
+    le = s[None, :] <= L3[:, None]  # (B, T): counts position L_b as real
+    tril = np.tril(np.ones((T, T), dtype=bool))
+    for wrong in (le[:, None, None, :] & le[:, None, :, None] & tril,  # on both terms
+                  masks.key_padding_mask(L3, T)[:, None, None, :] & le[:, None, :, None] & tril):
+        with pytest.raises(AssertionError, match="off by one on the query side: in sequence 1 "
+                                                 r"\(length 2\), query 2, the first padded one"):
+            masks.check_padding(wrong, L3, causal=True)
+    keys_only = masks.padding_mask(L3, T, causal=True, queries=False)  # every padded row open
+    with pytest.raises(AssertionError, match="padded query rows are not masked"):
+        masks.check_padding(keys_only, L3, causal=True)
+
+
+def test_a_3d_mask_is_right_for_our_modules_and_says_what_sdpa_needs(rng):
+    right4 = masks.padding_mask(L3, T, causal=True)  # (B, 1, T, S)
+    said = masks.check_padding(right4[:, 0], L3, causal=True)  # (B, T, S)
+    assert "right" in said and "give it (B, 1, T, S): mask[:, None]" in said, said
+    assert "(B, T, S)" not in masks.check_padding(right4, L3, causal=True)
+    m = _module(rng)
+    x = rng.normal(size=(3, T, 16))
+    np.testing.assert_array_equal(m(x, mask=right4[:, 0]), m(x, mask=right4))  # modules insert h
+    # what the message claims of SDPA: B lines up with the heads (error if h != B, wrong if h == B)
+    m3, m4 = torch.from_numpy(right4[:, 0]), torch.from_numpy(right4)
+    q4, q3 = _qkv(B=3, h=4, T=T)[0], _qkv(B=3, h=3, T=T)[0]
+    with pytest.raises(RuntimeError, match="must match the size"):
+        F.scaled_dot_product_attention(q4, q4, q4, attn_mask=m3)
+    gap = (F.scaled_dot_product_attention(q3, q3, q3, attn_mask=m3)
+           - F.scaled_dot_product_attention(q3, q3, q3, attn_mask=m4)).abs().max()
+    assert gap > 0.1
 
 def test_check_padding_cross_attention_and_per_head():
     q_len, kv_len = np.array([3, 1]), np.array([5, 2])

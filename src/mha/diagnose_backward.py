@@ -10,8 +10,12 @@ How it decides: the student's step runs on seeded cases (ordinary first, edge ca
 against the reference (`mha.grad.REFERENCE_STEPS`). Where it differs, every planted bug of that
 step (`mha.planted.BACKWARD_BUGS`) runs on the same inputs, and the one that matches, and was
 right on the earlier cases, is named with evidence measured on this run: "softmax_backward
-(step 5): ... [case: ...; matches planted bug 'softmax_no_outer_product']". If none matches:
-"... differs at index (...) [case: ...]: yours 0.12, expected 0.43 ...; no known mistake fits."
+(step 5): ... [case: ...; matches planted bug 'softmax_no_outer_product']". Then the same for
+slips that are not planted bugs (`_SLIPS`: a flipped sign, w * w for w w^T, a wrong einsum
+index, ...: "[case: ...; looks like: sign_flipped]"); an error the student's code raises is
+explained where its words are known (`_RAISED_HINTS`: a missing keepdims, np.diag on a batch).
+If nothing matches: "... differs at index (...) [case: ...]: yours 0.12, expected 0.43 ...; no
+known mistake fits."
 A whole backward (Grads, or a dict with the same names) runs on four cases: plain, causal, a
 padding mask with fully masked rows, and cross-attention with T != S; the verdict names the
 planted bug whose gradients all match, or the first wrong gradient the backward reaches.
@@ -110,7 +114,7 @@ _CASE_HINTS = {  # what a failure with no matching bug most likely means, where 
     "dout (2, 5, 20), x (2, 5, 12), W (12, 20)": "W is (12, 20) here, not square: dx = dout @ W.T "
         "is (..., 12) and dW = x^T @ dout is (12, 20), W's own shape.",
     "a fully masked row (all its weights 0)": "A row with every weight 0 must pass back 0, not "
-        "NaN: w * (g - sum(w * g, axis=-1)) needs no division.",
+        "NaN: w * (g - sum(w * g, axis=-1, keepdims=True)) needs no division.",
     "dscores (2, 3, 5, 5), padding mask (2, 1, 5, 5) with fully masked rows": "allowed is "
         "(B, 1, T, S) here: let it broadcast over the heads, e.g. np.where(allowed, dscores, 0).",
 }
@@ -240,6 +244,73 @@ def _evidence(bug_name: str, out: tuple, ref: tuple, args: tuple) -> str:
     return said(out, ref, args) if callable(said) else said
 
 
+# ---- slips that are not planted bugs, and errors students' code raises --------------------------
+_RAISED_HINTS: dict[str, tuple[tuple[str, str], ...]] = {  # (words in the error, what they mean)
+    "softmax_backward": (
+        ("could not be broadcast", "Missing keepdims: sum(w * g, axis=-1) drops the key axis, so "
+         "the (B, h, T) row sums cannot meet the (B, h, T, S) gradient. Keep it: sum(axis=-1, "
+         "keepdims=True), shape (B, h, T, 1)."),
+        ("must be 1- or 2-d", "np.diag builds one (S, S) matrix from one row; for every row at "
+         "once write w[..., :, None] * np.eye(S), shape (B, h, T, S, S)."),
+        ("mismatch in its core dimension", "J @ dweights reads dweights (B, h, T, S) as a stack of "
+         "(T, S) matrices; each row's (S, S) Jacobian must meet that row's gradient alone: "
+         "(J @ dweights[..., :, None])[..., 0], or an einsum."),
+    ),
+}
+"""What an error raised by a student's step most likely means, where its words say so."""
+
+
+def _softmax_slips(dweights: np.ndarray, weights: np.ndarray) -> list[tuple[str, np.ndarray, str]]:
+    """Slips in softmax's backward that are not planted bugs: (name, what it gives, the fix)."""
+    w, g = weights, dweights
+    wg = (w * g).sum(-1, keepdims=True)  # (B, h, T, 1): one w . g per row
+    return [
+        ("sign_flipped", w * (wg - g),
+         "sign flipped: yours is exactly minus the right gradient. The Jacobian is diag(w) - w w^T: "
+         "plus w_i on the diagonal, minus w_i w_j everywhere, so dscores = w * (g - w . g)."),
+        ("w_times_w", w * g - w * w * g,
+         "w * w (elementwise) where the outer product w w^T belongs: that keeps only the diagonal of "
+         "J, w_i (1 - w_i), and drops every off-diagonal -w_i w_j. The outer product of each row is "
+         "w[..., :, None] * w[..., None, :], shape (B, h, T, S, S)."),
+        ("einsum_wrong_axis", np.zeros_like(w),
+         "yours is 0 everywhere: the einsum (or sum) paired the upstream gradient with the index it "
+         "kept, so it multiplied g by a row sum of J, and every row and column of J sums to 0. Sum "
+         "over the index g shares with J and keep the other: einsum('...ij,...i->...j', J, dweights)."),
+        ("sum_over_everything", w * (g - (w * g).sum()),
+         "w . g summed over the whole array, one number for every row: it belongs to one query "
+         "row, sum(w * g, axis=-1, keepdims=True)."),
+        ("no_leading_w", g - wg,
+         "the factor w in front is missing: dscores_j = w_j (g_j - w . g). Without it a masked key "
+         "(w = 0) gets a gradient, and so does a fully masked row."),
+    ]
+
+
+_SLIPS: dict[str, Callable[..., list[tuple[str, np.ndarray, str]]]] = {
+    "softmax_backward": _softmax_slips,
+}
+"""Per step: slips a student makes that `planted` does not hold, each named by what it gives."""
+
+
+def _matching_slip(name: str, out: tuple, args: tuple, passed: list[tuple]) -> tuple[str, str] | None:
+    """(slip, sentence) for a known slip of step `name` that gives the student's output here and
+    the reference's on the earlier cases, or None."""
+    if name not in _SLIPS:
+        return None
+    n, ref = len(STEPS[name][1]), _reference(name)
+    for slip, value, why in _SLIPS[name](*args):
+        if not _same(out, (value,)) or _same((value,), _call(ref, args, n)[0]):
+            continue
+        earlier = [{s: v for s, v, _ in _SLIPS[name](*a)}[slip] for a in passed]
+        if all(_same(_call(ref, a, n)[0], (v,)) for a, v in zip(passed, earlier, strict=True)):
+            return slip, why
+    return None
+
+
+def _raised_hint(name: str, problem: str) -> str:
+    """The meaning of an error the student's step raised, if its words are known, else ''."""
+    return next((hint for words, hint in _RAISED_HINTS.get(name, ()) if words in problem), "")
+
+
 # ---- checking a step backward -------------------------------------------------------------------
 def _reference(name: str) -> Callable:
     """The reference step backward `name` (a field of grad.REFERENCE_STEPS)."""
@@ -282,6 +353,7 @@ def _judge(name: str, fn: Callable, args: tuple, case: str, passed: list[tuple])
     if problem:
         if problem.startswith("returned") and "must return" in problem:
             problem += " (" + ", ".join(labels) + ")"
+        hint = " ".join(h for h in (_raised_hint(name, problem), hint) if h)
         return Diagnosis(name, False, f"{where} {problem} [case: {case}]" +
                          (f". {hint}" if hint else ""), number)
     shape = _shape_problem(name, out, ref)
@@ -293,6 +365,10 @@ def _judge(name: str, fn: Callable, args: tuple, case: str, passed: list[tuple])
     if found:
         return Diagnosis(name, False, f"{where}: {_evidence(found, out, ref, args)} "
                          f"[case: {case}; matches planted bug '{found}']", number, found)
+    slip = _matching_slip(name, out, args, passed)
+    if slip:
+        return Diagnosis(name, False, f"{where}: {slip[1]} [case: {case}; looks like: {slip[0]}]",
+                         number)
     label, o, r = next((lab, o, r) for lab, o, r in zip(labels, out, ref, strict=True)
                        if not _same((o,), (r,)))
     what = f"{label} " if len(labels) > 1 else ""

@@ -135,7 +135,7 @@ def additive_mask(allowed: Any, dtype: Any = np.float32, fill: float = float("-i
         zero = torch.zeros((), dtype=dtype, device=allowed.device)
         return torch.where(allowed, zero, torch.full((), fill, dtype=dtype, device=allowed.device))
     dtype = np.dtype(dtype)
-    with np.errstate(over="ignore"):  # float16 cannot hold -1e9: it becomes -inf, shown in 12
+    with np.errstate(over="ignore"):  # float16 cannot hold -1e9: it becomes -inf (14_padding_masks.ipynb)
         return np.where(allowed, dtype.type(0), dtype.type(fill))
 
 
@@ -204,7 +204,7 @@ def masked_mean(values: Any, valid: Any):
 
 # ---- the fill value, measured -----------------------------------------------------------------------
 FILLS = ("-inf", "-1e9", "finfo.min")
-"""The fill values notebook 14 compares, by name (`fill_value` turns a name into a number)."""
+"""The fill values 14_padding_masks.ipynb compares, by name (`fill_value` turns a name into a number)."""
 
 FILL_SCORES = np.array([18.0, 2.5, 24.0, -3.0])
 """One row of scores for `fill_value_effects`: keys 2 and 3 are masked, the highest score among them."""
@@ -300,9 +300,12 @@ def diagnose_padding(mask: Any, lengths: Any, causal: bool = False, queries: boo
     queries=True the rows of padded queries must be fully masked.
     """
     if not hasattr(mask, "dtype") or str(mask.dtype) not in ("bool", "torch.bool"):
-        return (f"the mask must be boolean (True = may attend), got {getattr(mask, 'dtype', type(mask))}. "
-                f"A float mask is ADDED to the scores by SDPA: 0/1 only tilts the weights by e, "
-                f"and padded keys keep a share of every row")
+        kind = str(getattr(mask, "dtype", type(mask).__name__)).replace("torch.", "")
+        why = ("SDPA refuses an integer attn_mask (bool or float only) and mha's modules refuse "
+               "any non-boolean one: use .astype(bool)" if "int" in kind else
+               "A float mask is ADDED to the scores by SDPA: 0/1 only tilts the weights by e, "
+               "and padded keys keep a share of every row")
+        return f"the mask must be boolean (True = may attend), got {kind}. {why}"
     m, lengths = _np(mask), _np(lengths)
     kv = lengths if kv_lengths is None else _np(kv_lengths)
     S = int(m.shape[-1]) if m.ndim >= 1 else 0
@@ -379,6 +382,13 @@ def _diagnose_head(m, want, rows, k_real, lengths, kv, tril, causal, queries) ->
                 f"{_keys(extra[b, t])}; use masks.padding_mask(..., causal=True) or masks.combine")
     if queries and open_rows.any():
         b, t = (int(i) for i in np.argwhere(open_rows.any(-1))[0])
+        T = m.shape[-2]
+        first_pad = np.arange(T)[None, :] == lengths[:, None]  # (B, T): query t == lengths[b]
+        if np.array_equal(open_rows.any(-1), first_pad):  # exactly one padded row open per sequence
+            return (f"off by one on the query side: in sequence {b} (length {int(lengths[b])}), "
+                    f"query {t}, the first padded one, is treated as real and may attend keys "
+                    f"{_keys(open_rows[b, t])}, while the later padded queries see nothing. Query t "
+                    f"is real when t < lengths[b] (strict)")
         return (f"padded query rows are not masked: query {t} of sequence {b} (length "
                 f"{int(lengths[b])}) is padding but may attend keys {_keys(open_rows[b, t])}. Its "
                 f"output is then garbage rather than zeros; pass queries=False if that is intended "
@@ -395,8 +405,13 @@ def check_padding(mask: Any, lengths: Any, causal: bool = False, queries: bool =
         raise AssertionError(f"padding mask wrong: {why}")
     lens = ", ".join(str(int(n)) for n in _np(lengths))
     rows = "padded queries see nothing" if queries else "padded query rows left free"
-    return (f"padding mask right for lengths [{lens}]: real queries see only real keys"
+    said = (f"padding mask right for lengths [{lens}]: real queries see only real keys"
             f"{' at or before them' if causal else ''}; {rows}")
+    if len(shape_of(mask)) == 3:  # (B, T, S): our modules insert the head axis, SDPA does not
+        said += (f". As (B, T, S) = {shape_of(mask)} it suits mha's modules, which insert the head "
+                 f"axis; F.scaled_dot_product_attention lines a 3-D mask's B up with the heads, so "
+                 f"give it (B, 1, T, S): mask[:, None]")
+    return said
 
 
 def check_real_tokens(module: Any, x: Any, lengths: Any, mask: Any, causal: bool = False,

@@ -444,7 +444,7 @@ BACKWARD_BUGS: dict[str, BackwardBug] = {b.name: b for b in (
                 "opposite)", mask_backward_inverted),
     BackwardBug("softmax_no_outer_product", "softmax_backward", 5,
                 "w * g keeps only diag(w) of the Jacobian diag(w) - w w^T; the fix: "
-                "w * (g - sum(w * g, axis=-1))", softmax_no_outer_product),
+                "w * (g - sum(w * g, axis=-1, keepdims=True))", softmax_no_outer_product),
     BackwardBug("softmax_sum_wrong_axis", "softmax_backward", 5,
                 "sum(w * g) taken over axis -2 (the queries); it runs over the keys of each "
                 "row: axis=-1", softmax_sum_wrong_axis),
