@@ -10,8 +10,10 @@ For every device, dtype and sequence length T it times q, k, v (B, h, T, d_k) ->
   math/flash/efficient/cudnn   F.scaled_dot_product_attention forced onto one backend
   default     F.scaled_dot_product_attention left to choose
 and writes benchmarks/results/<device>.csv, <device>.png and <device>.md (machine, versions,
-the table of ratios). Ratios inside one run are the result; absolute times on shared machines
-swing 2-5x from run to run. On CUDA it also reports TFLOP/s (4*B*h*T^2*d_k, halved when causal)
+load average, the table of ratios, min / median / max per call). The implementations take
+turns, one call each per round; a forced backend's `sdpa_kernel` is entered and left outside
+the timed region (it costs tens of microseconds, a whole small call on a GPU). Ratios inside
+one run are the result; absolute times on shared machines swing 2-5x from run to run. On CUDA it also reports TFLOP/s (4*B*h*T^2*d_k, halved when causal)
 and the fraction of the GPU's dense bf16 peak where the GPU is in mha.bench's table.
 """
 
@@ -34,11 +36,15 @@ from mha import bench  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
+METHOD = ("implementations interleaved, one call each per round, after 2 warm-ups; at least "
+          "{repeats} timed calls and {min_time} s of calls each; a forced backend's sdpa_kernel "
+          "entered and left outside the timing (mha.bench.sdpa_timed); min / median / max kept, "
+          "ratios from the min")
 STYLE = {"numpy": ("tab:blue", "s"), "manual": ("tab:orange", "^"), "math": ("tab:green", "o"),
          "flash": ("tab:red", "o"), "efficient": ("tab:brown", "o"), "cudnn": ("tab:pink", "o"),
          "default": ("tab:purple", "x")}
 FIELDS = ["device", "dtype", "B", "h", "T", "d_k", "causal", "impl", "median_ms", "min_ms",
-          "x_default", "tflops", "frac_bf16_peak", "peak_mem_mib"]
+          "max_ms", "repeats", "x_default", "tflops", "frac_bf16_peak", "peak_mem_mib"]
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -52,7 +58,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--d-k", type=int, default=64)
     p.add_argument("--causal", action="store_true", help="is_causal=True (FLOPs halved)")
-    p.add_argument("--repeats", type=int, default=5, help="at least this many timed calls")
+    p.add_argument("--repeats", type=int, default=10, help="at least this many timed calls")
     p.add_argument("--min-time", type=float, default=0.5, help="and at least this many seconds")
     p.add_argument("--quick", action="store_true", help="CPU: float32+bfloat16, T = 256, 512, 1024")
     p.add_argument("--out-dir", type=pathlib.Path, default=RESULTS)
@@ -74,15 +80,14 @@ def impls_for(device: str, dtype: torch.dtype) -> list[str]:
     return names + ["manual"] + bench.available_backends(device, dtype) + ["default"]
 
 
-def make_call(impl: str, q, k, v, causal: bool):
-    """A no-argument callable running `impl` on q, k, v."""
+def make_call(impl: str, q, k, v, causal: bool) -> bench.Timed:
+    """What to time for `impl` on q, k, v: the bare call, and the context it needs (untimed)."""
     if impl == "numpy":
         qn, kn, vn = (t.numpy() for t in (q, k, v))
-        return lambda: bench.numpy_core(qn, kn, vn, causal)
+        return bench.Timed(lambda: bench.numpy_core(qn, kn, vn, causal))
     if impl == "manual":
-        return lambda: bench.manual_core(q, k, v, causal)
-    backend = None if impl == "default" else impl
-    return lambda: bench.sdpa_core(q, k, v, causal, backend)
+        return bench.Timed(lambda: bench.manual_core(q, k, v, causal))
+    return bench.sdpa_timed(q, k, v, causal, None if impl == "default" else impl)
 
 
 def measure_shape(args, device: str, dtype_name: str, T: int) -> list[dict]:
@@ -102,7 +107,8 @@ def measure_shape(args, device: str, dtype_name: str, T: int) -> list[dict]:
             mem = bench.numpy_peak_bytes(call) if impl == "numpy" else bench.peak_memory_bytes(call, device)
             t = timings[impl]
             row = dict(device=device, dtype=dtype_name, B=B, h=h, T=T, d_k=d_k, causal=args.causal,
-                       impl=impl, median_ms=t.median_s * 1e3, min_ms=t.min_s * 1e3, x_default=math.nan,
+                       impl=impl, median_ms=t.median_s * 1e3, min_ms=t.min_s * 1e3,
+                       max_ms=t.max_s * 1e3, repeats=t.repeats, x_default=math.nan,
                        tflops=bench.tflops(flops, t.min_s), frac_bf16_peak=math.nan,
                        peak_mem_mib=mem / 2**20)
             if peak and dtype in (torch.bfloat16, torch.float16):  # fp16 and bf16 share the dense peak
@@ -132,6 +138,23 @@ def ratio_table(rows: list[dict]) -> str:
         lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) +
                      f" | {sel['default']['min_ms']:.1f} |")
     return "\n".join(lines)
+
+
+def spread_table(rows: list[dict]) -> str:
+    """Markdown table: min / median / max ms per call of every implementation, and the call count."""
+    impls = list(dict.fromkeys(r["impl"] for r in rows))
+    lines = ["| dtype | T | " + " | ".join(impls) + " |", "|---|---:|" + "---:|" * len(impls)]
+    for key in dict.fromkeys((r["dtype"], r["T"]) for r in rows):
+        sel = {r["impl"]: r for r in rows if (r["dtype"], r["T"]) == key}
+        cells = [f"{_ms(sel[i]['min_ms'])} / {_ms(sel[i]['median_ms'])} / {_ms(sel[i]['max_ms'])} "
+                 f"({sel[i]['repeats']})" if i in sel else "-" for i in impls]
+        lines.append(f"| {key[0]} | {key[1]} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def _ms(x: float) -> str:
+    """Milliseconds with three significant digits (0.0123, 1.23, 123)."""
+    return f"{x:.3g}"
 
 
 def _panel(ax, rows: list[dict], dtype: str, key: str, title: str, ylabel: str) -> None:
@@ -198,10 +221,12 @@ def run_device(args, device: str) -> list[dict]:
     md = (f"# SDPA benchmark, {device}\n\n"
           + "".join(f"- {k}: {v}\n" for k, v in info.items())
           + f"- shape: {shape}\n\n"
+          f"- method: {METHOD.format(repeats=args.repeats, min_time=args.min_time)}\n\n"
           "Best time per call as a multiple of `F.scaled_dot_product_attention`'s default choice at the "
-          "same shape, measured in this one run (lower is faster):\n\n" + table + extra + "\n")
+          "same shape, measured in this one run (lower is faster):\n\n" + table +
+          "\n\nms per call, min / median / max (timed calls):\n\n" + spread_table(rows) + extra + "\n")
     (args.out_dir / f"{device}.md").write_text(md)
-    print(f"\n{device}: {bench.machine_line(info)}\n{shape}\n{table}{extra}")
+    print(f"\n{device}: {bench.machine_line(info)}\n{shape}\n{table}\n\n{spread_table(rows)}{extra}")
     return rows
 
 

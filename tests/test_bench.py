@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import numpy as np
@@ -55,6 +56,127 @@ def test_time_interleaved_runs_each_function_in_rounds():
     res = bench.time_interleaved(fns, repeats=3, warmup=1)
     assert order == ["a", "b"] + ["a", "b"] * 3  # warm-ups, then alternating rounds
     assert {n: t.repeats for n, t in res.items()} == {"a": 3, "b": 3}
+
+
+class _SlowContext:
+    """A context that takes `pause` s to enter and to leave, and records whether it is held."""
+
+    def __init__(self, pause: float, log: list):
+        self.pause, self.log = pause, log
+
+    def __enter__(self):
+        time.sleep(self.pause)
+        self.log.append("enter")
+
+    def __exit__(self, *exc):
+        self.log.append("exit")
+        time.sleep(self.pause)
+
+
+def test_a_timed_call_runs_inside_its_context_but_the_clock_leaves_the_context_out():
+    log = []
+    spec = bench.Timed(lambda: log.append("call"), context=lambda: _SlowContext(0.05, log))
+    t = bench.time_fn(spec, repeats=3, warmup=1)
+    assert log == ["enter", "call", "exit"] * 4  # every call, warm-up included, inside it
+    # the context costs 0.1 s per call; the clock must see only the call (microseconds)
+    assert t.min_s < 0.02, f"the timing includes the context: best call {t.min_s * 1e3:.1f} ms"
+    assert t.min_s <= t.median_s <= t.max_s
+
+
+@pytest.fixture
+def count_sdpa_kernel(monkeypatch):
+    """Count entries into bench's sdpa_kernel (the real one still runs)."""
+    entries = []
+    real = bench.sdpa_kernel
+
+    @contextlib.contextmanager
+    def counting(*args, **kwargs):
+        entries.append(args)
+        with real(*args, **kwargs):
+            yield
+
+    monkeypatch.setattr(bench, "sdpa_kernel", counting)
+    return entries
+
+
+def test_sdpa_timed_holds_sdpa_kernel_outside_the_timed_callable(count_sdpa_kernel):
+    q = torch.randn(1, 2, 8, 16, generator=torch.Generator().manual_seed(0))  # (B, h, T, d_k)
+    forced = bench.sdpa_timed(q, q, q, backend="math")
+    forced.fn()
+    assert count_sdpa_kernel == [], "the timed callable itself must not enter sdpa_kernel"
+    bench.time_interleaved({"math": forced, "default": bench.sdpa_timed(q, q, q)}, repeats=3,
+                           warmup=2)
+    assert len(count_sdpa_kernel) == 5  # math only, once per call (2 warm-ups + 3 timed)
+    # the context is really applied around the call: a backend the CPU lacks must fail
+    with pytest.raises(RuntimeError, match="No viable backend"):
+        bench.time_fn(bench.sdpa_timed(q, q, q, backend="efficient"), repeats=1, warmup=0)
+    with pytest.raises(ValueError, match="backend must be one of"):
+        bench.sdpa_timed(q, q, q, backend="fast")
+    np.testing.assert_array_equal(forced().numpy(), bench.sdpa_core(q, q, q, backend="math").numpy())
+
+
+def test_the_sdpa_benchmark_times_bare_calls(count_sdpa_kernel):
+    mod = _load_benchmark("sdpa_backends")
+    q = torch.randn(1, 2, 8, 16)  # (B, h, T, d_k)
+    for impl in ("math", "flash", "default"):
+        call = mod.make_call(impl, q, q, q, False)
+        assert isinstance(call, bench.Timed), f"{impl}: the benchmark must time a bench.Timed"
+        call.fn()
+    assert count_sdpa_kernel == []
+
+
+def test_context_cost_is_a_small_positive_time():
+    cost = bench.context_cost("math", repeats=200)
+    assert 0 < cost < 0.01  # microseconds here; a bound that only catches a broken measurement
+
+
+def test_kernel_that_runs_leaves_requires_grad_as_given(monkeypatch):
+    seen = []
+    real = bench.F.scaled_dot_product_attention
+
+    def spy(q, k, v, **kwargs):
+        seen.append(q.requires_grad)
+        return real(q, k, v, **kwargs)
+
+    monkeypatch.setattr(bench.F, "scaled_dot_product_attention", spy)
+    q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
+    g = q.clone().requires_grad_()
+    assert bench.kernel_that_runs(q, q, q) == "flash"
+    assert bench.kernel_that_runs(g, g, g) == "flash"
+    assert seen == [False, True], "SDPA must see the inputs' requires_grad as given"
+    assert not q.requires_grad and g.requires_grad
+
+
+@pytest.mark.parametrize("mode", [torch.no_grad, torch.inference_mode])
+def test_kernel_that_runs_sees_the_kernel_without_grad_too(mode):
+    q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
+    with mode():
+        assert bench.kernel_that_runs(q, q, q) == "flash"
+        assert bench.kernel_that_runs(q, q, q, dropout_p=0.1) == "math"
+
+
+def _load_benchmark(name: str):
+    """Import benchmarks/<name>.py as a module."""
+    import importlib.util
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_sdpa_benchmark_reports_min_median_max_and_the_machine(tmp_path):
+    mod = _load_benchmark("sdpa_backends")
+    args = ["--device", "cpu", "--dtypes", "float32", "--T", "32,64", "--repeats", "3",
+            "--min-time", "0", "--out-dir", str(tmp_path)]
+    assert mod.main(args) == 0
+    report = (tmp_path / "cpu.md").read_text()
+    for needed in ("min / median / max", "load_1min", "torch_threads", "outside the timing"):
+        assert needed in report, f"cpu.md lacks {needed!r}"
+    rows = (tmp_path / "cpu.csv").read_text().splitlines()
+    assert "max_ms" in rows[0].split(",") and len(rows) == 1 + 2 * 5  # 2 T x 5 implementations
 
 
 def test_cores_agree():
@@ -140,18 +262,15 @@ def test_kernel_that_runs_tells_flash_from_math_on_the_cpu():
     q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
     assert kernel_that_runs(q, q, q) == "flash"
     assert kernel_that_runs(q, q, q, dropout_p=0.1) == "math"  # the CPU flash kernel refuses dropout
+    assert kernel_that_runs(q, q, torch.randn(1, 2, 16, 128)) == "math"  # v wider than q, k
 
 
 def test_flash_kv_benchmark_runs_and_reports_each_goal(tmp_path):
-    import importlib.util
-    import pathlib
-
-    path = pathlib.Path(__file__).resolve().parent.parent / "benchmarks" / "flash_kv.py"
-    spec = importlib.util.spec_from_file_location("flash_kv", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = _load_benchmark("flash_kv")
     assert mod.main(["--quick", "--out", str(tmp_path)]) == 0
     report = (tmp_path / "flash_kv.md").read_text()
     for goal in ("within 2x of SDPA", "at most 1/20 of naive", "at least 50x"):
         assert goal in report
+    for needed in ("min / median / max", "Machine:", "load"):
+        assert needed in report, f"flash_kv.md lacks {needed!r}"
     assert (tmp_path / "flash_kv.csv").exists() and (tmp_path / "flash_kv.png").exists()

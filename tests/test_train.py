@@ -255,20 +255,51 @@ def test_train_rejects_bad_arguments():
         tr.train(nn.Linear(2, 2), task, 5, progress=False)
 
 
+class _FakeHandle:
+    """Stands in for an IPython display handle: records what each update shows."""
+
+    def __init__(self, shown: list):
+        self.shown = shown
+
+    def update(self, data, raw=False):
+        self.shown.append(data["text/plain"])
+
+
+def test_progress_bar_in_a_notebook_keeps_one_plain_text_line(monkeypatch, capsys):
+    import IPython.display
+
+    shown = []
+    monkeypatch.setattr(IPython.display, "display", lambda *a, **k: _FakeHandle(shown))
+    monkeypatch.setattr(tr, "_in_notebook", lambda: True)
+    assert list(tr.progress_bar(range(3), "demo")) == [0, 1, 2]
+    assert shown and shown[-1].startswith("demo: 100%|") and "3/3" in shown[-1]
+    assert all("\r" not in line and "\n" not in line for line in shown), "one line, redrawn"
+    out = capsys.readouterr()
+    assert out.err == "" and out.out == "", "nothing on stderr (JupyterLab paints it red)"
+
+
+def test_progress_bar_elsewhere_is_tqdms_and_can_be_switched_off(capsys):
+    assert list(tr.progress_bar(range(2), "quiet", show=False)) == [0, 1]
+    assert capsys.readouterr().err == ""
+    assert list(tr.progress_bar(range(2), "terminal")) == [0, 1]
+    assert "terminal: 100%" in capsys.readouterr().err
+
+
 # ---- ablation -----------------------------------------------------------------------------------
 @contextlib.contextmanager
 def _planted_ablation_zeroing_values(model, layer, head):
     """Bug: silences the head's values instead of making its weights uniform."""
     m = [b.attn for b in model.blocks][layer]
-    rows = slice(head * m.d_k, (head + 1) * m.d_k)
-    saved = m.v_proj.weight[rows].clone()
+    proj, first = (m.qkv_proj, m.d_model + m.n_kv_heads * m.d_k) if m.fused_qkv else (m.v_proj, 0)
+    rows = slice(first + head * m.d_k, first + (head + 1) * m.d_k)  # v rows come last when fused
+    saved = proj.weight[rows].clone()
     with torch.no_grad():
-        m.v_proj.weight[rows] = 0.0
+        proj.weight[rows] = 0.0
     try:
         yield
     finally:
         with torch.no_grad():
-            m.v_proj.weight[rows] = saved
+            proj.weight[rows] = saved
 
 
 def _uniform_over_allowed(maps_head: torch.Tensor, causal: bool) -> bool:
@@ -279,12 +310,43 @@ def _uniform_over_allowed(maps_head: torch.Tensor, causal: bool) -> bool:
     return bool((maps_head == want.to(maps_head.dtype)).all())
 
 
+@contextlib.contextmanager
+def _planted_ablation_keeping_the_query_bias(model, layer, head):
+    """Bug: zeroes the head's query weight rows but not their bias, so q = b_q, not 0."""
+    m = [b.attn for b in model.blocks][layer]
+    proj = m.qkv_proj if m.fused_qkv else m.q_proj
+    rows = slice(head * m.d_k, (head + 1) * m.d_k)
+    saved = proj.weight[rows].clone()
+    with torch.no_grad():
+        proj.weight[rows] = 0.0
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            proj.weight[rows] = saved
+
+
+def _with_random_biases(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Give every Linear a non-zero bias (our draw starts them at 0, which hides a kept bias)."""
+    g = _gen(seed)
+    with torch.no_grad():
+        for lin in model.modules():
+            if isinstance(lin, nn.Linear) and lin.bias is not None:
+                lin.bias.copy_(torch.randn(lin.bias.shape, generator=g))
+    return model
+
+
+@pytest.mark.parametrize("fused", [False, True])
 @pytest.mark.parametrize("ablate, right", [(tr.ablate_uniform, True),
-                                           (_planted_ablation_zeroing_values, False)])
-def test_ablation_makes_exactly_that_head_uniform_over_its_allowed_keys(ablate, right):
-    model = tr.TinyTransformer(vocab=10, T=7, d_model=16, n_heads=2, n_layers=2, causal=True)
+                                           (_planted_ablation_zeroing_values, False),
+                                           (_planted_ablation_keeping_the_query_bias, False)])
+def test_ablation_makes_exactly_that_head_uniform_over_its_allowed_keys(ablate, right, fused):
+    model = tr.TinyTransformer(vocab=10, T=7, d_model=16, n_heads=2, n_layers=2, causal=True,
+                               fused_qkv=fused)
+    _with_random_biases(model)
     x = torch.randint(0, 10, (3, 7), generator=_gen())
     before = tr.attention_maps(model, x)
+    assert not _uniform_over_allowed(before[1][:, 0], causal=True), "the head starts uniform"
     params = [p.clone() for p in model.parameters()]
     with ablate(model, 1, 0):
         during = tr.attention_maps(model, x)

@@ -1,4 +1,4 @@
-"""Timing, FLOP and memory helpers shared by `benchmarks/sdpa_backends.py` and notebook 11.
+"""Timing, FLOP and memory helpers shared by `benchmarks/sdpa_backends.py` and 11_sdpa_backends.ipynb.
 
 Shape legend: B batch, h heads, T query length, S key length, d_k head width.
 Nothing here asserts a time: CPU timings on shared machines swing 2-5x between runs,
@@ -8,6 +8,7 @@ so compare ratios measured in one run, never absolute numbers.
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import platform
 import re
@@ -73,12 +74,27 @@ def score_matrix_bytes(B: int, h: int, T: int, S: int, dtype: torch.dtype) -> in
 # ---- timing ----------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Timing:
-    """Seconds per call: median, minimum (and maximum) over `repeats` timed calls."""
+    """Seconds per call over `repeats` timed calls: median, minimum and maximum."""
 
     median_s: float
     min_s: float
     repeats: int
     max_s: float = float("nan")
+
+
+@dataclass(frozen=True)
+class Timed:
+    """A call to time and the context it needs (e.g. `sdpa_kernel`), entered outside the timing.
+
+    Calling it runs `fn()` inside `context()`, for untimed uses (memory, correctness).
+    """
+
+    fn: Callable[[], object]
+    context: Callable[[], contextlib.AbstractContextManager] = contextlib.nullcontext
+
+    def __call__(self) -> object:
+        with self.context():
+            return self.fn()
 
 
 def _sync(device: str) -> None:
@@ -87,38 +103,47 @@ def _sync(device: str) -> None:
 
 
 def time_fn(
-    fn: Callable[[], object], repeats: int = 5, warmup: int = 1, device: str = "cpu",
+    fn: Callable[[], object] | Timed, repeats: int = 5, warmup: int = 1, device: str = "cpu",
     min_time_s: float = 0.0,
 ) -> Timing:
     """Time `fn()` after `warmup` calls: at least `repeats` calls and at least `min_time_s` in all."""
     return time_interleaved({"fn": fn}, repeats, warmup, device, min_time_s)["fn"]
 
 
+def _timed_call(spec: Timed, device: str) -> float:
+    """Seconds of one call of spec.fn; its context is entered before the clock starts and left after."""
+    with spec.context():
+        _sync(device)
+        t0 = time.perf_counter()
+        spec.fn()
+        _sync(device)
+        return time.perf_counter() - t0
+
+
 def time_interleaved(
-    fns: dict[str, Callable[[], object]], repeats: int = 5, warmup: int = 1, device: str = "cpu",
-    min_time_s: float = 0.0,
+    fns: dict[str, Callable[[], object] | Timed], repeats: int = 5, warmup: int = 1,
+    device: str = "cpu", min_time_s: float = 0.0,
 ) -> dict[str, Timing]:
     """Time several functions in rounds (one call of each per round), so load bursts hit all alike.
 
     Each function gets at least `repeats` timed calls and at least `min_time_s` of calls.
+    A `Timed` runs inside its context, but the clock covers only its call: entering and leaving
+    `sdpa_kernel` costs tens of microseconds, as much as a whole small SDPA call on a GPU.
     CUDA work is asynchronous, so each call is bracketed by torch.cuda.synchronize().
     """
     if repeats < 1:
         raise ValueError(f"repeats must be >= 1, got {repeats}")
-    for fn in fns.values():
+    specs = {name: fn if isinstance(fn, Timed) else Timed(fn) for name, fn in fns.items()}
+    for spec in specs.values():
         for _ in range(warmup):
-            fn()
+            spec()
     _sync(device)
-    times: dict[str, list[float]] = {name: [] for name in fns}
+    times: dict[str, list[float]] = {name: [] for name in specs}
     while any(len(t) < repeats or sum(t) < min_time_s for t in times.values()):
-        for name, fn in fns.items():
+        for name, spec in specs.items():
             t = times[name]
-            if len(t) >= repeats and sum(t) >= min_time_s:
-                continue
-            t0 = time.perf_counter()
-            fn()
-            _sync(device)
-            t.append(time.perf_counter() - t0)
+            if len(t) < repeats or sum(t) < min_time_s:
+                t.append(_timed_call(spec, device))
     return {n: Timing(statistics.median(t), min(t), len(t), max(t)) for n, t in times.items()}
 
 
@@ -197,11 +222,39 @@ def manual_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool 
 
 
 def sdpa_core(q, k, v, causal: bool = False, backend: str | None = None) -> torch.Tensor:
-    """F.scaled_dot_product_attention, forced onto `backend` ("math", "flash", ...) or left to choose."""
+    """F.scaled_dot_product_attention, forced onto `backend` ("math", "flash", ...) or left to choose.
+
+    Not for timing: it enters `sdpa_kernel` on every call. Time `sdpa_timed(...)` instead.
+    """
     if backend is None:
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, h, T, d_k)
     with sdpa_kernel(BACKENDS[backend]):
         return F.scaled_dot_product_attention(q, k, v, is_causal=causal)  # (B, h, T, d_k)
+
+
+def _forced(backend: str) -> Callable[[], contextlib.AbstractContextManager]:
+    """A factory of `sdpa_kernel` contexts that force `backend`, checked by name now."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {sorted(BACKENDS)} or None, got {backend!r}")
+    return functools.partial(sdpa_kernel, BACKENDS[backend])
+
+
+def sdpa_timed(q, k, v, causal: bool = False, backend: str | None = None) -> Timed:
+    """What to time for SDPA on `backend`: the bare call, and `sdpa_kernel` held around it untimed."""
+    call = functools.partial(F.scaled_dot_product_attention, q, k, v, is_causal=causal)
+    return Timed(call) if backend is None else Timed(call, _forced(backend))
+
+
+def context_cost(backend: str = "math", repeats: int = 2000) -> float:
+    """Seconds to enter and leave `sdpa_kernel(backend)` once (best of 5 runs of `repeats`)."""
+    enter = _forced(backend)
+
+    def enter_and_leave() -> None:
+        for _ in range(repeats):
+            with enter():
+                pass
+
+    return time_fn(enter_and_leave, repeats=5).min_s / repeats
 
 
 # ---- which backend accepts what --------------------------------------------------------------
@@ -249,17 +302,34 @@ def derived_tolerance(golden, lp_ref, dtype: torch.dtype) -> tuple[float, float]
     return ref_err, max(DEFAULT_ATOL[dtype], FUDGE * ref_err)
 
 
+KERNEL_OPS: dict[str, str] = {
+    "aten::_scaled_dot_product_flash_attention_for_cpu": "flash",
+    "aten::_scaled_dot_product_flash_attention": "flash",
+    "aten::_scaled_dot_product_efficient_attention": "efficient",
+    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
+    "aten::_scaled_dot_product_attention_math": "math",  # also ..._math_for_mps
+}
+"""The op each of SDPA's kernels runs as, as torch.profiler names it: how kernel_that_runs tells."""
+
+
 def kernel_that_runs(q, k, v, **kwargs) -> str:
     """The kernel a default SDPA call picks for these inputs: 'flash', 'efficient', 'cudnn' or 'math'.
 
-    Read off the autograd node the call leaves (so it runs with grad on, as in training).
+    Read off torch.profiler's record of the ops the call runs. The inputs go in as they are,
+    requires_grad included: on CUDA whether the inputs need grad can change the choice (flash
+    refuses training with some head sizes on sm86/sm89, for one), so the answer is the one
+    for this very call, with grad, without it, or under torch.inference_mode.
     """
-    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
-    node = type(F.scaled_dot_product_attention(q, k, v, **kwargs).grad_fn).__name__
-    for tag, name in (("Flash", "flash"), ("Efficient", "efficient"), ("Cudnn", "cudnn")):
-        if tag in node:
-            return name
-    return "math"  # the composite path: its last op leaves a generic node
+    from torch.profiler import ProfilerActivity, profile
+
+    with _quiet_stderr(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        F.scaled_dot_product_attention(q, k, v, **kwargs)
+    ops = [e.name for e in prof.events()]
+    for op in ops:
+        for prefix, name in KERNEL_OPS.items():
+            if op.startswith(prefix):
+                return name
+    raise RuntimeError(f"none of SDPA's known kernels ran; the profiler saw {sorted(set(ops))}")
 
 
 # ---- the machine -----------------------------------------------------------------------------
@@ -284,7 +354,7 @@ def gpu_peak_bf16_tflops(name: str) -> float | None:
 
 
 def machine_info() -> dict[str, str]:
-    """CPU model, core and thread counts, GPU (if any) and the versions that shape the timings."""
+    """CPU model, cores, threads, GPU (if any), versions, and the load average when it was asked."""
     info = {
         "cpu": cpu_model(),
         "cores": str(os.cpu_count()),
@@ -294,6 +364,7 @@ def machine_info() -> dict[str, str]:
         "torch": torch.__version__,
         "numpy": np.__version__,
         "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else "none",
+        "load_1min": f"{os.getloadavg()[0]:.2f}" if hasattr(os, "getloadavg") else "unknown",
     }
     return info
 

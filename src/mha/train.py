@@ -23,7 +23,7 @@ import contextlib
 import functools
 import math
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -394,10 +394,54 @@ def _check_train_args(model, task: Task, steps, lr, batch, eval_every, snapshot_
 
 
 def _progress(total: int, name: str, show: bool):
-    """range(total), wrapped in a text progress bar (tqdm; a saved notebook keeps its last state)."""
+    """range(total) with a progress bar named after the task (see progress_bar)."""
+    return progress_bar(range(total), f"training: {name}", show)
+
+
+def progress_bar(items: Iterable, desc: str, show: bool = True, total: int | None = None):
+    """`items` wrapped in a tqdm bar: in a notebook one plain-text line updated in place.
+
+    tqdm's text bar writes to stderr, which JupyterLab paints red, and a saved notebook keeps
+    every state it printed. In a notebook the bar goes to a `_LatestLine` instead: one text
+    output that each update replaces, so the saved notebook, nbval and a static page see only
+    its last state. Elsewhere (a terminal, a script) it is tqdm's usual bar.
+    """
     from tqdm import tqdm
 
-    return tqdm(range(total), desc=f"training: {name}", disable=not show, mininterval=1.0)
+    file = _LatestLine() if show and _in_notebook() else None
+    return tqdm(items, desc=desc, total=total, disable=not show, mininterval=1.0, file=file)
+
+
+def _in_notebook() -> bool:
+    """True inside a Jupyter kernel (an IPython shell with a kernel attached)."""
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return False
+    return getattr(get_ipython(), "kernel", None) is not None
+
+
+class _LatestLine:
+    """A file for tqdm that shows only the bar's latest state, in one notebook output."""
+
+    encoding = "utf-8"  # tqdm draws its unicode bar only for a file that says it takes unicode
+
+    def __init__(self):
+        from IPython.display import display
+
+        self._handle = display({"text/plain": ""}, raw=True, display_id=True)
+        self._line = ""
+
+    def write(self, text: str) -> int:
+        """Keep what follows the last carriage return (tqdm's redraw), and show it."""
+        self._line = (self._line + text).rsplit("\r", 1)[-1]
+        shown = self._line.strip("\n")
+        if shown:
+            self._handle.update({"text/plain": shown}, raw=True)
+        return len(text)
+
+    def flush(self) -> None:
+        """Nothing is buffered."""
 
 
 # ---- initialisation, measured -----------------------------------------------------------------
