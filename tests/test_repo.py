@@ -102,3 +102,17 @@ def test_lessons_refer_to_one_another_by_links_that_resolve():
         plain = re.search(r"\b[Nn]otebooks? \d\d\b", prose)
         assert plain is None, (f"{stem} names a lesson by number without a link: "
                                f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")
+
+
+def test_code_names_lessons_by_their_file_and_the_files_exist():
+    import re
+
+    files = [*(ROOT / "src" / "mha").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+             *(ROOT / "notebooks" / "assignments").glob("*.py")]
+    for path in files:
+        text = path.read_text()
+        plain = re.search(r"\b([Nn]otebooks?|[Ll]essons?) \d\d\b", text)
+        assert plain is None, (f"{path.relative_to(ROOT)} names a lesson by number: "
+                               f"{text[max(0, plain.start() - 40):plain.end() + 20]!r}; use its file name")
+        for name in re.findall(r"\b\d\d_[a-z0-9_]+\.ipynb", text):
+            assert (ROOT / "notebooks" / name).exists(), f"{path.relative_to(ROOT)} names {name}: no such lesson"
