@@ -34,7 +34,10 @@ def _tryit_modules() -> list[str]:
 def _cases() -> list[Case]:
     found = []
     for name in _tryit_modules():
-        module = importlib.import_module(f"tests.self_checks.{name}")
+        try:
+            module = importlib.import_module(f"tests.self_checks.{name}")
+        except ModuleNotFoundError:  # reported by the coverage test below, not at collection
+            continue
         found += module.CASES
     return found
 
