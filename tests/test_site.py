@@ -198,7 +198,7 @@ def test_site_in_chromium_index_to_the_explorer_lesson(server, page_factory):
                            timeout=60_000)
     cells = page.locator("tbody").inner_text()
     assert "`" not in cells and "\\sqrt" not in cells, "the index shows raw markdown"
-    assert page.locator("tbody code").count() > 20
+    assert page.locator("tbody code").count() >= 5
     page.screenshot(path=str(ARTIFACTS / "site_index.png"), full_page=True)
 
     page.click(f'a[href="{EXPLORER_LESSON}.html"]')  # follow the link, as a reader would

@@ -148,11 +148,12 @@ def inline_markdown(text: str) -> str:
                    and len(p) > 1 else html.escape(p, quote=False) for p in parts)
 
 
-# MathJax for the index's $...$ (the lesson pages configure their own through nbconvert).
-INDEX_MATHJAX = (
-    '<script type="text/x-mathjax-config">MathJax.Hub.Config({tex2jax: {inlineMath: '
-    "[['$','$']], processEscapes: true}});</script>\n"
-    f'<script src="vendor/mathjax/MathJax.js?config={MATHJAX_CONFIG}"></script>')
+# MathJax for the index's $...$: the lesson pages' own set-up (templates/series/series_mathjax.html.j2).
+INDEX_MATHJAX = re.sub(
+    r"\{#-.*?-#\}\n", "",
+    (pathlib.Path(__file__).parent / "templates" / "series" / "series_mathjax.html.j2").read_text(),
+    flags=re.S).replace("{{ resources.mathjax_url }}",
+                        f"vendor/mathjax/MathJax.js?config={MATHJAX_CONFIG}")
 
 
 def _page(title: str, body: str, head: str = "") -> str:
