@@ -60,6 +60,20 @@ def as_number(answer: Any, name: str, integer: bool = False) -> float | int:
     return float(value)
 
 
+def read_array(answer: Any, expected: str) -> np.ndarray:
+    """Any array-like answer (a list, a numpy array, a torch tensor) as numpy, or NotYet.
+
+    `expected` says what was wanted, e.g. "positions must be a (3, 5) int array".
+    """
+    if isinstance(answer, str | bytes):
+        not_yet(f"{expected}, got text {answer!r:.40}")
+    try:
+        return np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer)
+    except Exception:  # noqa: BLE001 - ragged lists and other non-arrays
+        not_yet(f"{expected}, got {type(answer).__name__} that numpy cannot read as one "
+                f"(rows of different lengths?)")
+
+
 def as_array(answer: Any, name: str, shape: Sequence[int] | None = None, kind: str = "number",
              ) -> np.ndarray:
     """The answer as an array of the expected shape and kind ("number", "int" or "bool").

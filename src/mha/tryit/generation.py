@@ -12,18 +12,12 @@ from typing import Any
 import numpy as np
 
 from .. import compose
-from . import not_tried, not_yet, right
+from . import not_tried, not_yet, read_array, right
 
 
 def _as_positions(answer: Any, B: int, T: int) -> np.ndarray:
     """The answer as a (B, T) int array, or NotYet saying what arrived instead."""
-    if isinstance(answer, str | bytes):
-        not_yet(f"positions must be a (B={B}, T={T}) int array, got text {answer!r:.40}")
-    try:
-        got = np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer)
-    except Exception:  # noqa: BLE001 - ragged lists and other non-arrays
-        not_yet(f"positions must be a (B={B}, T={T}) int array, got {type(answer).__name__} that "
-                f"numpy cannot read as one (rows of different lengths?)")
+    got = read_array(answer, f"positions must be a (B={B}, T={T}) int array")
     if got.shape != (B, T):
         swapped = " (that is (T, B): rows and columns transposed, one row per sentence)" \
             if got.shape == (T, B) and B != T else ""

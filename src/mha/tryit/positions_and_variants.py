@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from .. import posenc, steps
-from . import not_tried, not_yet, right
+from . import not_tried, not_yet, read_array, right
 
 CASE = dict(n_cached=5, t_new=3)  # the lesson's question: positions 5, 6, 7
 OTHER_SIZES = ((2, 4), (0, 3), (9, 1))
@@ -32,13 +32,7 @@ def _call(fn: Callable, n_cached: int, t_new: int) -> Any:
 def _as_positions(out: Any, n_cached: int, t_new: int) -> np.ndarray:
     """The returned positions as a (t_new,) int array, or NotYet saying what arrived instead."""
     call = f"chunk_positions({n_cached}, {t_new})"
-    if isinstance(out, str | bytes):
-        not_yet(f"{call} must return an int array of positions, got text {out!r}")
-    try:
-        p = np.asarray(out.detach().cpu() if hasattr(out, "detach") else out)
-    except Exception:  # noqa: BLE001 - ragged lists and other non-arrays
-        not_yet(f"{call} must return an int array of positions, got {type(out).__name__} that "
-                f"numpy cannot read as one")
+    p = read_array(out, f"{call} must return an int array of positions")
     if p.dtype == np.bool_ or not np.issubdtype(p.dtype, np.number):
         not_yet(f"{call} must return whole numbers (an int array of positions), got dtype {p.dtype}")
     if p.ndim != 1:
