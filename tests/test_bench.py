@@ -58,29 +58,45 @@ def test_time_interleaved_runs_each_function_in_rounds():
     assert {n: t.repeats for n, t in res.items()} == {"a": 3, "b": 3}
 
 
-class _SlowContext:
-    """A context that takes `pause` s to enter and to leave, and records whether it is held."""
+class _FakeClock:
+    """A perf_counter that moves only when told: timings become exact, whatever the load."""
 
-    def __init__(self, pause: float, log: list):
-        self.pause, self.log = pause, log
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+class _SlowContext:
+    """A context that takes `cost` s (on the fake clock) to enter and to leave, and logs it."""
+
+    def __init__(self, clock: _FakeClock, cost: float, log: list):
+        self.clock, self.cost, self.log = clock, cost, log
 
     def __enter__(self):
-        time.sleep(self.pause)
+        self.clock.now += self.cost
         self.log.append("enter")
 
     def __exit__(self, *exc):
         self.log.append("exit")
-        time.sleep(self.pause)
+        self.clock.now += self.cost
 
 
-def test_a_timed_call_runs_inside_its_context_but_the_clock_leaves_the_context_out():
-    log = []
-    spec = bench.Timed(lambda: log.append("call"), context=lambda: _SlowContext(0.05, log))
+def test_a_timed_call_runs_inside_its_context_but_the_clock_leaves_the_context_out(monkeypatch):
+    clock, log = _FakeClock(), []
+    monkeypatch.setattr(bench, "time", clock)  # bench reads time.perf_counter() only
+
+    def call():
+        log.append("call")
+        clock.now += 0.001  # the call itself: 1 ms
+
+    spec = bench.Timed(call, context=lambda: _SlowContext(clock, 0.05, log))
     t = bench.time_fn(spec, repeats=3, warmup=1)
     assert log == ["enter", "call", "exit"] * 4  # every call, warm-up included, inside it
-    # the context costs 0.1 s per call; the clock must see only the call (microseconds)
-    assert t.min_s < 0.02, f"the timing includes the context: best call {t.min_s * 1e3:.1f} ms"
-    assert t.min_s <= t.median_s <= t.max_s
+    # the context costs 0.1 s per call; the clock must see only the call's 1 ms
+    assert t.min_s == pytest.approx(0.001) and t.max_s == pytest.approx(0.001), \
+        f"the timing includes the context: {t.min_s * 1e3:.1f} to {t.max_s * 1e3:.1f} ms"
 
 
 @pytest.fixture
