@@ -80,10 +80,9 @@ def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)  # (B, h_kv * n_rep, S, d_k)
 
 
-def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S))."""
+def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None,
+                  bias: torch.Tensor | None = None) -> torch.Tensor:
+    """Steps 3-4: q (B,h,T,d_k), k (B,h,S,d_k) -> scaled scores (B,h,T,S), plus bias, -inf where masked."""
     d_k = q.shape[-1]
     # 3) scores; math.sqrt keeps the dtype (a tensor sqrt would too, but this matches numpy)
     scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
@@ -92,8 +91,28 @@ def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     # 4) mask with -inf before softmax, so masked keys get weight exactly 0
     if allowed is not None:
         scores = scores.masked_fill(~allowed, float("-inf"))  # (B, h, T, S)
-    weights = safe_softmax(scores)  # 5) (B, h, T, S), rows sum to 1 (or are all 0)
+    return scores
+
+
+def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                     allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor]:
+    """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S))."""
+    weights = safe_softmax(masked_scores(q, k, allowed, bias))  # 5) (B, h, T, S), rows sum to 1 (or 0)
     return weights @ v, weights  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+
+
+def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The manual core on one block of keys, with each row's logsumexp: -> (out (B,h,T,d_k), lse (B,h,T)).
+
+    out is normalised over this block only; lse = log sum_s exp(score_s) is what merging blocks
+    needs (`mha.parallel.merge_partials`). A row with no allowed key gives out 0 and lse -inf.
+    """
+    scores = masked_scores(q, k, allowed, bias)  # (B, h, T, S)
+    out = safe_softmax(scores) @ v  # (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k), as manual_attention
+    return out, torch.logsumexp(scores, dim=-1)  # (B, h, T): -inf where every key is masked
 
 
 def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None, bias=None,
