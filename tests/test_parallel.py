@@ -104,3 +104,38 @@ def test_shard_and_unshard_are_inverses_for_both_layouts():
         assert all(p.is_contiguous() and p.shape == (2, 3, 6) for p in pieces)
         assert torch.equal(parallel.unshard(pieces, layout, dim=2), x)
     assert parallel.rank_positions(8, 2, "zigzag")[0].tolist() == [0, 1, 6, 7]
+
+
+# Across processes (torch.distributed, gloo): the same rank algorithms, real messages ----------
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+@pytest.mark.parametrize("world_size,layout,causal", [(2, "contiguous", True), (4, "zigzag", True),
+                                                      (4, "contiguous", False)])
+def test_across_processes_equals_one_process_attention(kind, world_size, layout, causal):
+    q, k, v = _qkv(T=16)
+    out, ranks = parallel.distributed_attention(kind, q, k, v, world_size, layout, causal,
+                                                timeout_s=60)
+    err = float((out - _reference(q, k, v, causal)).abs().max())
+    assert err < 1e-12, f"{kind} W={world_size} {layout}: error {err:.3g}"
+    if kind == "ring":  # W - 1 steps, each sending the rank's K, V block and its positions
+        per_step = 2 * 2 * 4 * (16 // world_size) * 8 * 8 + (16 // world_size) * 8  # by hand
+        assert per_step == parallel.ring_bytes_per_step(2, 4, 16, world_size, 8, 8)
+        assert [r["bytes_sent"] for r in ranks] == [(world_size - 1) * per_step] * world_size
+        want_blocks = [4] * 4 if layout == "zigzag" else (
+            list(range(1, world_size + 1)) if causal else [world_size] * world_size)
+        assert [r["blocks"] for r in ranks] == want_blocks
+
+
+def test_across_processes_a_bad_split_is_refused_before_any_process_starts(monkeypatch):
+    from mha import launch
+
+    def no_processes(*args, **kwargs):
+        raise AssertionError("a bad split must be refused before any process starts")
+
+    monkeypatch.setattr(launch, "run_workers", no_processes)
+    q, k, v = _qkv(T=12)
+    with pytest.raises(ValueError, match="T=12 is not divisible by 8"):
+        parallel.distributed_attention("ring", q, k, v, 4, "zigzag")
+    with pytest.raises(ValueError, match="h=4 is not divisible by 3"):
+        parallel.distributed_attention("ulysses", q, k, v, 3)
+    with pytest.raises(ValueError, match="kind must be 'ring' or 'ulysses'"):
+        parallel.distributed_attention("tree", q, k, v, 2)

@@ -211,3 +211,104 @@ def causal_work(T: int, world_size: int, layout: str) -> list[int]:
     every = torch.arange(T)
     return [int((every[None, :] <= p[:, None]).sum()) for p in pos]
 
+
+
+def run_rank(gen: Generator, pattern: str, stats: dict | None = None) -> Any:
+    """Drive this process's rank generator over torch.distributed (the default process group).
+
+    "ring": each message (a tuple of tensors) goes to rank + 1 and rank - 1's arrives, with one
+    `batch_isend_irecv`. "all_to_all": a message of n * W tensors, entry j of each W for rank j,
+    exchanged with one `all_to_all_single` per W (entries of one W share a shape on all ranks).
+    `stats["bytes_sent"]` adds up what this rank sent. Returns the generator's result.
+    """
+    import torch.distributed as dist
+
+    rank, W = dist.get_rank(), dist.get_world_size()
+    try:
+        message = next(gen)
+        while True:
+            if pattern == "ring":
+                got = _ring_exchange(message, rank, W)
+            elif pattern == "all_to_all":
+                got = _all_to_all_exchange(message, W)
+            else:
+                raise ValueError(f"pattern must be 'ring' or 'all_to_all', got {pattern!r}")
+            if stats is not None:
+                sent = message if pattern == "ring" else [m for i, m in enumerate(message)
+                                                          if i % W != rank]
+                stats["bytes_sent"] = stats.get("bytes_sent", 0) + sum(
+                    t.numel() * t.element_size() for t in sent)
+            message = gen.send(got)
+    except StopIteration as done:
+        return done.value
+
+
+def _ring_exchange(message: Sequence[torch.Tensor], rank: int, W: int) -> tuple[torch.Tensor, ...]:
+    """Send every tensor of `message` to rank + 1 and receive the same shapes from rank - 1."""
+    import torch.distributed as dist
+
+    got = tuple(torch.empty_like(t) for t in message)
+    ops = [dist.P2POp(dist.isend, t.contiguous(), (rank + 1) % W) for t in message]
+    ops += [dist.P2POp(dist.irecv, t, (rank - 1) % W) for t in got]
+    for request in dist.batch_isend_irecv(ops):
+        request.wait()
+    return got
+
+
+def _all_to_all_exchange(message: Sequence[torch.Tensor], W: int) -> list[torch.Tensor]:
+    """Entry j of each run of W tensors goes to rank j; returns what every rank sent to this one."""
+    import torch.distributed as dist
+
+    if len(message) % W:
+        raise ValueError(f"an all-to-all message holds a multiple of world_size={W} tensors, "
+                         f"got {len(message)}")
+    got = []
+    for start in range(0, len(message), W):
+        block = torch.stack([t.contiguous() for t in message[start:start + W]])  # (W, ...)
+        out = torch.empty_like(block)
+        dist.all_to_all_single(out, block)  # out[j]: what rank j sent to this rank
+        got += list(out.unbind(0))
+    return got
+
+
+def rank_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch.Tensor,
+                v: torch.Tensor, layout: str = "contiguous", causal: bool = False) -> dict:
+    """One process of ring attention or Ulysses (for mha.launch.run_workers): its shard's out and stats.
+
+    Each rank takes its own shard of the full q, k, v (B, h, T, d_k); stats: "blocks" computed
+    (ring) and "bytes_sent".
+    """
+    pos = rank_positions(q.shape[2], world_size, layout)[rank]
+    mine = [shard(t, world_size, layout)[rank] for t in (q, k, v)]  # (B, h, T / W, d_k) each
+    stats: dict = {}
+    if kind == "ring":
+        out, _ = run_rank(ring_rank(*mine, pos, world_size, causal, stats), "ring", stats)
+    else:
+        out = run_rank(ulysses_rank(*mine, pos, world_size, causal), "all_to_all", stats)
+    return {"out": out, **stats}
+
+
+def ring_bytes_per_step(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
+    """Bytes one rank sends per ring step: its K and V blocks (B, h_kv, T / W, d_k) and their positions."""
+    return 2 * B * h_kv * (T // world_size) * d_k * itemsize + (T // world_size) * 8  # int64 positions
+
+
+def distributed_attention(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          world_size: int, layout: str = "contiguous", causal: bool = False,
+                          timeout_s: float = 60.0) -> tuple[torch.Tensor, list[dict]]:
+    """Ring ("ring") or Ulysses ("ulysses") on world_size processes: -> (out (B, h, T, d_k), per-rank stats).
+
+    Checks the split in this process first, so a bad T, layout or head count is refused before
+    any process starts or any collective runs.
+    """
+    from .launch import run_workers
+
+    if kind not in ("ring", "ulysses"):
+        raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
+    check_split(q.shape[2], world_size, layout)
+    if kind == "ulysses" and q.shape[1] % world_size:
+        raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks h / W heads, but "
+                         f"h={q.shape[1]} is not divisible by {world_size}")
+    ranks = run_workers(rank_worker, world_size, (kind, q, k, v, layout, causal),
+                        timeout_s=timeout_s)
+    return unshard([r.pop("out") for r in ranks], layout), ranks
