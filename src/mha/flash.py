@@ -111,17 +111,12 @@ def attend_one_pass(scores: ScoreStream, v: np.ndarray) -> tuple[np.ndarray, flo
     v = np.asarray(v)
     require_float("v", v)
     require_shape("v", v, (("S", scores.row.size), ("d_v", None)))
-    m, ell, acc, s0 = -np.inf, 0.0, np.zeros(v.shape[-1], dtype=v.dtype), 0
-    for x in scores:  # the only pass
+    state, s0 = empty_state((), 1, v.shape[-1], np.result_type(scores.row, v)), 0
+    for x in scores:  # the only pass: the tiled kernel's update, on one row
         vb, s0 = v[s0:s0 + x.size], s0 + x.size  # (bk, d_v): the values of this block
-        m_new = max(m, float(x.max()))
-        if m_new == -np.inf:
-            continue
-        alpha, p = math.exp(m - m_new), np.exp(x - m_new)  # rescale factor, (bk,) weights * ell
-        ell, acc = alpha * ell + float(p.sum()), alpha * acc + p @ vb  # (bk,) @ (bk, d_v) -> (d_v,)
-        m = m_new
-    out = acc / ell if ell > 0.0 else np.zeros_like(acc)  # (d_v,): one division, on d_v numbers
-    return out, m, ell
+        state = _update(state, x[None, :].copy(), vb)  # (1, bk): _update works in place on a copy
+    out, _ = _finish(state)  # (1, d_v): one division, on d_v numbers
+    return out[0], float(state[0][0, 0]), float(state[1][0, 0])
 
 
 def online_softmax(row: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
