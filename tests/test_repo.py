@@ -116,3 +116,22 @@ def test_code_names_lessons_by_their_file_and_the_files_exist():
                                f"{text[max(0, plain.start() - 40):plain.end() + 20]!r}; use its file name")
         for name in re.findall(r"\b\d\d_[a-z0-9_]+\.ipynb", text):
             assert (ROOT / "notebooks" / name).exists(), f"{path.relative_to(ROOT)} names {name}: no such lesson"
+
+
+def test_assignments_link_the_lessons_they_build_on_and_the_links_resolve():
+    import re
+
+    import nbformat
+
+    link = re.compile(r"\[([^\]]*)\]\(([^)\s]+)\)")
+    for path in sorted((ROOT / "notebooks" / "assignments" / "source").glob("*/*.ipynb")):
+        for cell in nbformat.read(path, as_version=4).cells:
+            if cell.cell_type != "markdown":
+                continue
+            for _, target in link.findall(cell.source):
+                if target.endswith(".ipynb"):
+                    assert (path.parent / target).resolve().exists(), f"{path.name} links {target}: no such file"
+            prose = re.sub(r"`[^`]*`", "", link.sub("", cell.source))
+            plain = re.search(r"\b[Nn]otebooks? \d\d\b", prose)
+            assert plain is None, (f"{path.name} names a lesson by number without a link: "
+                                   f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")

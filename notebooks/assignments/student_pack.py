@@ -260,6 +260,28 @@ def _clear(out: Path, repo: Path) -> None:
     shutil.rmtree(out)
 
 
+def relink_lessons(markdown: str) -> str:
+    """Lesson links of an assignment's markdown, re-pointed for the pack's layout.
+
+    In the course an assignment sits in release/NAME/ (or source/NAME/), three folders below the
+    lessons; in the pack it sits in notebooks/assignments/NAME/, two below.
+    """
+    import re
+
+    return re.sub(r"\]\(\.\./\.\./\.\./(\d\d_[a-z0-9_]+\.ipynb)", r"](../../\1", markdown)
+
+
+def _relink_notebook(path: Path) -> None:
+    """Rewrite the lesson links of one copied assignment (markdown cells: nbgrader checksums none)."""
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = relink_lessons(cell.source)
+    nbformat.write(nb, path)
+
+
 def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
           do_release: bool = True, archive: bool = True, check: bool = True) -> Pack:
     """Release the assignments, copy the allowlist into `out`, check it, zip it beside `out`."""
@@ -287,6 +309,8 @@ def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(src, dest)
+        if rel.startswith("notebooks/assignments/") and rel.endswith(".ipynb"):
+            _relink_notebook(dest)
     (out / "Makefile").write_text(STUDENT_MAKEFILE)
     (out / "README.md").write_text(student_readme(
         lesson_paths, {name: out / "notebooks" / "assignments" / name / f"{name}.ipynb"
