@@ -15,7 +15,7 @@ contract, which `tests/test_self_checks.py` enforces with the cases in `tests/se
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any, NoReturn
 
 import numpy as np
@@ -110,14 +110,3 @@ def first_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
         if same:
             return why
     return None
-
-
-def check_with(got: Any, want: Any, mistakes: Iterable[tuple[Any, str]], fallback: Callable[[], str],
-               praise: str, atol: float = 0.0) -> str:
-    """right(praise) if got equals want, else NotYet with the named mistake or the fallback."""
-    g, w = np.asarray(got), np.asarray(want)
-    if g.shape == w.shape and (np.array_equal(g, w) if w.dtype == np.bool_
-                               else np.allclose(g, w, rtol=0.0, atol=atol)):
-        return right(praise)
-    why = first_match(g, mistakes, atol=atol)
-    not_yet(why if why is not None else fallback())
