@@ -18,12 +18,13 @@ and gives rank r chunks r and 2W-1-r, so that under a causal mask every rank doe
 
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import math
+from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
 
-from .torch_mha import attention, attention_lse
+from .torch_mha import attention, attention_lse, masked_scores, repeat_kv
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -88,26 +89,47 @@ def block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.
     return (k_pos[None, :] <= q_pos[:, None]) if causal else None  # (T_q, T_k)
 
 
-RingMessage = tuple[torch.Tensor, torch.Tensor, torch.Tensor]  # (k, v, k_pos) passed on
+Rule = Callable[[torch.Tensor, torch.Tensor], tuple[Any, Any]]  # (q_pos, k_pos) -> (allowed, bias)
+RingMessage = tuple[torch.Tensor, ...]  # (k, v, k_pos) passed on; + (dk, dv) going backward
+
+
+def causal_rule(causal: bool) -> Rule:
+    """The rule of plain attention: (q_pos, k_pos) -> (causal block mask or None, no bias)."""
+    return lambda q_pos, k_pos: (block_mask(q_pos, k_pos, causal), None)
+
+
+def _hidden(allowed: Any) -> bool:
+    """True when a block's mask hides every (query, key) pair: the block can be skipped."""
+    return allowed is not None and not bool(allowed.any())
+
+
+def _full_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """k, v (B, h_kv, S, d_k) repeated to q's h heads (grouped-query attention), else as they are."""
+    n_rep = q.shape[1] // k.shape[1]
+    return repeat_kv(k, n_rep), repeat_kv(v, n_rep)  # (B, h, S, d_k) each
 
 
 def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
               world_size: int, causal: bool = False, stats: dict | None = None,
+              rule: Rule | None = None,
               ) -> Generator[RingMessage, RingMessage, tuple[torch.Tensor, torch.Tensor]]:
-    """One rank of ring attention: q, k, v (B, h, T_r, d_k) at global positions pos (T_r,).
+    """One rank of ring attention: q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) at global positions pos (T_r,).
 
     At each of the W steps it attends to the block it holds, then yields that block to send on
-    to rank + 1 and receives rank - 1's. Blocks that the causal mask hides entirely are skipped.
-    Returns (out (B, h, T_r, d_k), lse (B, h, T_r)); `stats["blocks"]` counts blocks computed.
+    to rank + 1 and receives rank - 1's. Blocks that the mask hides entirely are skipped.
+    `rule(q_pos, k_pos) -> (allowed, bias)` gives the mask and bias of a block (default: causal
+    or none, `causal_rule`). Returns (out (B, h, T_r, d_k), lse (B, h, T_r));
+    `stats["blocks"]` counts blocks computed.
     """
+    rule = causal_rule(causal) if rule is None else rule
     B, h, T_r, d_k = q.shape
     out = torch.zeros_like(q)  # (B, h, T_r, d_k): no keys yet ...
     lse = torch.full((B, h, T_r), float("-inf"), dtype=q.dtype)  # ... so no softmax mass
     k_pos = pos
     for step in range(world_size):
-        allowed = block_mask(pos, k_pos, causal)  # (T_r, T_r) or None
-        if allowed is None or bool(allowed.any()):
-            o, o_lse = attention_lse(q, k, v, allowed)  # (B, h, T_r, d_k), (B, h, T_r)
+        allowed, bias = rule(pos, k_pos)  # (.., T_r, T_r) or None each
+        if not _hidden(allowed):
+            o, o_lse = attention_lse(q, *_full_heads(q, k, v), allowed, bias)  # (B,h,T_r,d_k), (B,h,T_r)
             out, lse = merge_partials(out, lse, o, o_lse)
             if stats is not None:
                 stats["blocks"] = stats.get("blocks", 0) + 1
@@ -116,28 +138,86 @@ def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
     return out, lse
 
 
+def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
+                   dout: torch.Tensor, delta: torch.Tensor, allowed: Any = None, bias: Any = None,
+                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Gradients from one key block: -> (dq (B,h,T,d_k), dk, dv (B,h_kv,S,d_k)).
+
+    The softmax backward of 15_backward_pass.ipynb, block by block as FlashAttention-2 does it:
+    P = exp(scores - lse) is recomputed from the final logsumexp lse (B, h, T), so it is this
+    block's share of the whole row; delta = rowsum(dout * out) (B, h, T) stands in for the sum
+    over every key of P * dP.
+    """
+    kr, vr = _full_heads(q, k, v)  # (B, h, S, d_k)
+    base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # rows with no key: P = 0
+    p = torch.exp(masked_scores(q, kr, allowed, bias) - base[..., None])  # (B, h, T, S)
+    dp = dout @ vr.transpose(-2, -1)  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
+    ds = p * (dp - delta[..., None]) / math.sqrt(q.shape[-1])  # (B, h, T, S): d scores, scaled
+    dq = ds @ kr  # (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+    dk = ds.transpose(-2, -1) @ q  # (B,h,S,T) @ (B,h,T,d_k) -> (B,h,S,d_k)
+    dv = p.transpose(-2, -1) @ dout  # (B,h,S,T) @ (B,h,T,d_k) -> (B,h,S,d_k)
+    B, h_kv, S, d_k = k.shape
+    fold = (B, h_kv, q.shape[1] // h_kv, S, d_k)  # a shared K/V head sums its group's gradients
+    return dq, dk.reshape(fold).sum(2), dv.reshape(fold).sum(2)  # (B, h_kv, S, d_k)
+
+
+def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
+                       out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor, world_size: int,
+                       causal: bool = False, stats: dict | None = None, rule: Rule | None = None,
+                       ) -> Generator[RingMessage, RingMessage, tuple[torch.Tensor, ...]]:
+    """One rank of ring attention's backward (hand-derived): -> (dq, dk, dv) of its own shard.
+
+    The K/V blocks go round the ring again, each with the dk, dv gathered so far: every rank adds
+    what its queries contribute (`block_backward`) and passes the block on. After W - 1 steps a
+    rank holds its right neighbour's block, so one more step (dk, dv only) brings every block's
+    gradient home. dq stays on its rank. Arguments as `ring_rank`, plus its out, lse and dout.
+    """
+    rule = causal_rule(causal) if rule is None else rule
+    delta = (dout * out).sum(-1)  # (B, h, T_r): rowsum(dO * O), 15_backward_pass.ipynb
+    dq = torch.zeros_like(q)  # (B, h, T_r, d_k)
+    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # (B, h_kv, T_r, d_k): the held block's
+    k_pos = pos
+    for step in range(world_size):
+        allowed, bias = rule(pos, k_pos)
+        if not _hidden(allowed):
+            g_q, g_k, g_v = block_backward(q, k, v, lse, dout, delta, allowed, bias)
+            dq, dk, dv = dq + g_q, dk + g_k, dv + g_v
+            if stats is not None:
+                stats["blocks"] = stats.get("blocks", 0) + 1
+        if step < world_size - 1:
+            k, v, k_pos, dk, dv = yield (k, v, k_pos, dk, dv)  # the block and its gradient move on
+    if world_size > 1:
+        dk, dv = yield (dk, dv)  # one more step: each block's gradient reaches its owner
+    return dq, dk, dv
+
+
 def ulysses_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
-                 world_size: int, causal: bool = False,
-                 ) -> Generator[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
-    """One rank of Ulysses: q, k, v (B, h, T_r, d_k) of its tokens at positions pos (T_r,).
+                 world_size: int, causal: bool = False, rule: Rule | None = None,
+                 rank: int = 0) -> Generator[list[torch.Tensor], list[torch.Tensor], torch.Tensor]:
+    """One rank of Ulysses: q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) of its tokens at positions pos (T_r,).
 
     All-to-all 1 sends head group j of its tokens to rank j and receives every rank's tokens
-    of its own head group: (B, h / W, T, d_k). The core attends over the whole sequence;
-    all-to-all 2 sends each rank's tokens back. Returns out (B, h, T_r, d_k).
+    of its own head group: q (B, h / W, T, d_k), k, v (B, h_kv / W, T, d_k). The core attends
+    over the whole sequence; all-to-all 2 sends each rank's tokens back. `rule` as in
+    `ring_rank`; `rank` picks this rank's heads of a per-head bias. Returns out (B, h, T_r, d_k).
     """
     B, h, T_r, d_k = q.shape
-    if h % world_size:
-        raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks h / W heads, but "
-                         f"h={h} is not divisible by {world_size}")
-    g = h // world_size  # heads per rank after the exchange
-    groups = [torch.cat([t[:, j * g:(j + 1) * g] for t in (q, k, v)], dim=-1).contiguous()
-              for j in range(world_size)]  # W x (B, g, T_r, 3 d_k): head group j, my tokens
+    for name, heads in (("h", h), ("h_kv", k.shape[1])):
+        if heads % world_size:
+            raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks {name} / W "
+                             f"heads, but {name}={heads} is not divisible by {world_size}")
+    rule = causal_rule(causal) if rule is None else rule
+    g, g_kv = h // world_size, k.shape[1] // world_size  # heads per rank after the exchange
+    groups = [t[:, j * n:(j + 1) * n].contiguous() for t, n in ((q, g), (k, g_kv), (v, g_kv))
+              for j in range(world_size)]  # 3 runs of W: head group j of my tokens, for rank j
     got = yield groups + [pos.contiguous()] * world_size  # every rank: its group, all tokens
-    qkv = torch.cat(got[:world_size], dim=2)  # (B, g, T, 3 d_k) in rank order of tokens
-    all_pos = torch.cat(got[world_size:])  # (T,) their global positions
-    qg, kg, vg = qkv.split(d_k, dim=-1)  # (B, g, T, d_k) each
-    mask = block_mask(all_pos, all_pos, causal)  # (T, T): the global causal mask, any layout
-    heads, _ = attention(qg, kg, vg, mask, backend="manual")  # (B, g, T, d_k): the core
+    W = world_size
+    qg, kg, vg = (torch.cat(got[i * W:(i + 1) * W], dim=2) for i in range(3))  # (B, g|g_kv, T, d_k)
+    all_pos = torch.cat(got[3 * W:])  # (T,) their global positions, in rank order
+    mask, bias = rule(all_pos, all_pos)  # (.., T, T): the global mask, any layout
+    if bias is not None and bias.shape[-3] == h:
+        bias = bias[..., rank * g:(rank + 1) * g, :, :]  # (B|1, g, T, T): my heads' bias
+    heads, _ = attention(qg, kg, vg, mask, bias, backend="manual")  # (B, g, T, d_k): the core
     back = yield list(heads.split(T_r, dim=2))  # rank j's tokens back to rank j
     return torch.cat(back, dim=1)  # (B, h, T_r, d_k): head groups in order
 
@@ -195,13 +275,31 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size
     return unshard(outs, layout), [s.get("blocks", 0) for s in stats]
 
 
+def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
+                  world_size: int, layout: str = "contiguous", causal: bool = False,
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Ring attention's hand-derived backward on W simulated ranks: -> (dq, dk, dv), each (B, h, T, d_k).
+
+    The forward ring first (each rank keeps its out and lse), then `ring_rank_backward`.
+    """
+    check_split(q.shape[2], world_size, layout)
+    pos = rank_positions(q.shape[2], world_size, layout)
+    qs, ks, vs, dos = (shard(t, world_size, layout) for t in (q, k, v, dout))  # W x (B,h,T/W,d_k)
+    fwd = simulate([ring_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal)
+                    for r in range(world_size)], "ring")
+    grads = simulate([ring_rank_backward(qs[r], ks[r], vs[r], pos[r], *fwd[r], dos[r], world_size,
+                                         causal) for r in range(world_size)], "ring")
+    return tuple(unshard([g[i] for g in grads], layout) for i in range(3))
+
+
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int,
                       layout: str = "contiguous", causal: bool = False) -> torch.Tensor:
     """Ulysses on W simulated ranks: q, k, v (B, h, T, d_k) -> out (B, h, T, d_k)."""
     check_split(q.shape[2], world_size, layout)
     pos = rank_positions(q.shape[2], world_size, layout)
     qs, ks, vs = (shard(t, world_size, layout) for t in (q, k, v))  # W x (B, h, T / W, d_k)
-    ranks = [ulysses_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal) for r in range(world_size)]
+    ranks = [ulysses_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal, rank=r)
+             for r in range(world_size)]
     return unshard(simulate(ranks, "all_to_all"), layout)
 
 
@@ -256,41 +354,183 @@ def _ring_exchange(message: Sequence[torch.Tensor], rank: int, W: int) -> tuple[
 
 
 def _all_to_all_exchange(message: Sequence[torch.Tensor], W: int) -> list[torch.Tensor]:
-    """Entry j of each run of W tensors goes to rank j; returns what every rank sent to this one."""
-    import torch.distributed as dist
+    """Entry j of each run of W tensors goes to rank j; returns what every rank sent to this one.
 
+    Differentiable (`_AllToAll`), so autograd carries Ulysses' backward through both exchanges.
+    """
     if len(message) % W:
         raise ValueError(f"an all-to-all message holds a multiple of world_size={W} tensors, "
                          f"got {len(message)}")
     got = []
     for start in range(0, len(message), W):
         block = torch.stack([t.contiguous() for t in message[start:start + W]])  # (W, ...)
-        out = torch.empty_like(block)
-        dist.all_to_all_single(out, block)  # out[j]: what rank j sent to this rank
-        got += list(out.unbind(0))
+        got += list(_AllToAll.apply(block).unbind(0))  # entry j: what rank j sent to this rank
     return got
 
 
+class RingAttention(torch.autograd.Function):
+    """Ring attention across processes with its hand-derived backward (autograd cannot see sends).
+
+    forward: `ring_rank` over torch.distributed, keeping out and lse; backward:
+    `ring_rank_backward`, a second trip round the ring. Call through `ring_core`.
+    """
+
+    @staticmethod
+    def forward(ctx, q, k, v, pos, world_size, rule, stats):
+        """q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) of this rank -> out (B, h, T_r, d_k)."""
+        out, lse = run_rank(ring_rank(q, k, v, pos, world_size, False, stats, rule), "ring", stats)
+        ctx.save_for_backward(q, k, v, pos, out, lse)
+        ctx.world_size, ctx.rule, ctx.stats = world_size, rule, stats
+        return out
+
+    @staticmethod
+    def backward(ctx, dout):
+        """dout (B, h, T_r, d_k) -> dq, dk, dv of this rank's shard (and None for the rest)."""
+        q, k, v, pos, out, lse = ctx.saved_tensors
+        back: dict = {}
+        dq, dk, dv = run_rank(ring_rank_backward(q, k, v, pos, out, lse, dout.contiguous(),
+                                                 ctx.world_size, False, back, ctx.rule),
+                              "ring", back)
+        if ctx.stats is not None:
+            ctx.stats.update({f"backward_{key}": n for key, n in back.items()})
+        return dq, dk, dv, None, None, None, None
+
+
+class _AllToAll(torch.autograd.Function):
+    """all_to_all_single with its backward: the adjoint of an all-to-all is the all-to-all."""
+
+    @staticmethod
+    def forward(ctx, block):
+        """block (W, ...): entry j goes to rank j -> (W, ...): entry j came from rank j."""
+        import torch.distributed as dist
+
+        out = torch.empty_like(block)
+        dist.all_to_all_single(out, block.contiguous())
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        """The gradient of entry j came from rank j's use of it: send it back the same way."""
+        return _AllToAll.apply(grad.contiguous())
+
+
+def ring_core(world_size: int, stats: dict | None = None) -> Callable[..., torch.Tensor]:
+    """A `core=` for `MultiHeadAttention.forward` on one process of a ring (forward and backward)."""
+    def core(q, k, v, q_pos, k_pos, rule):
+        """q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) -> heads (B, h, T_r, d_k) over every rank's keys."""
+        return RingAttention.apply(q, k.contiguous(), v.contiguous(), q_pos, world_size, rule, stats)
+    return core
+
+
+def ulysses_core(world_size: int, stats: dict | None = None) -> Callable[..., torch.Tensor]:
+    """A `core=` for `MultiHeadAttention.forward` on one process of Ulysses (autograd through both all-to-alls)."""
+    import torch.distributed as dist
+
+    def core(q, k, v, q_pos, k_pos, rule):
+        """q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) -> heads (B, h, T_r, d_k)."""
+        gen = ulysses_rank(q, k, v, q_pos, world_size, rule=rule, rank=dist.get_rank())
+        return run_rank(gen, "all_to_all", stats)
+    return core
+
+
+def check_ranks_agree(**facts: Any) -> None:
+    """Compare `facts` (shapes, sizes, options) across all ranks; on a mismatch every rank raises.
+
+    One all_gather_object comes first, so every rank sees every rank's facts and all of them
+    raise the same error (naming each rank's value) instead of some waiting in a later collective.
+    """
+    import torch.distributed as dist
+
+    W = dist.get_world_size()
+    every: list = [None] * W
+    dist.all_gather_object(every, facts)  # every[r]: rank r's facts
+    keys = dict.fromkeys(key for f in every for key in f)
+    differ = [key for key in keys if any(f.get(key) != every[0].get(key) for f in every)]
+    if differ:
+        detail = "; ".join(f"{key}: " + ", ".join(f"rank {r} has {f.get(key)}"
+                                                  for r, f in enumerate(every)) for key in differ)
+        raise ValueError(f"the ranks must agree before attention starts, but they differ: {detail}")
+    if "world_size" in facts and facts["world_size"] != W:
+        raise ValueError(f"every rank was told world_size={facts['world_size']}, but the process "
+                         f"group has {W} ranks")
+
+
+def _forward_and_backward(rank: int, world_size: int, run: Callable, leaves: Sequence[torch.Tensor],
+                          dout: torch.Tensor | None, layout: str) -> dict:
+    """Run `run()` on this rank; with dout (the full gradient), backpropagate this rank's slice of it."""
+    out = run()
+    if dout is None:
+        return {"out": out.detach()}
+    dmine = shard(dout, world_size, layout, dim=out.ndim - 2)[rank]  # the sequence axis
+    grads = torch.autograd.grad(out, list(leaves), dmine)
+    return {"out": out.detach(), "grads": [g.detach() for g in grads]}
+
+
 def rank_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch.Tensor,
-                v: torch.Tensor, layout: str = "contiguous", causal: bool = False) -> dict:
+                v: torch.Tensor, layout: str = "contiguous", causal: bool = False,
+                dout: torch.Tensor | None = None) -> dict:
     """One process of ring attention or Ulysses (for mha.launch.run_workers): its shard's out and stats.
 
     Each rank takes its own shard of the full q, k, v (B, h, T, d_k); stats: "blocks" computed
-    (ring) and "bytes_sent".
+    (ring) and "bytes_sent". With dout (B, h, T, d_k) it also returns "grads", this rank's
+    slices of dq, dk, dv (ring: `ring_rank_backward`; Ulysses: autograd through the all-to-alls).
     """
+    check_ranks_agree(world_size=world_size, kind=kind, layout=layout, causal=causal,
+                      q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape), dtype=str(q.dtype))
+    check_split(q.shape[2], world_size, layout)
     pos = rank_positions(q.shape[2], world_size, layout)[rank]
-    mine = [shard(t, world_size, layout)[rank] for t in (q, k, v)]  # (B, h, T / W, d_k) each
+    mine = [shard(t, world_size, layout)[rank].requires_grad_(dout is not None)
+            for t in (q, k, v)]  # (B, h, T / W, d_k) each
     stats: dict = {}
-    if kind == "ring":
-        out, _ = run_rank(ring_rank(*mine, pos, world_size, causal, stats), "ring", stats)
-    else:
-        out = run_rank(ulysses_rank(*mine, pos, world_size, causal), "all_to_all", stats)
-    return {"out": out, **stats}
+    core = ring_core if kind == "ring" else ulysses_core
+    rule = causal_rule(causal)
+    result = _forward_and_backward(rank, world_size, lambda: core(world_size, stats)(
+        *mine, pos, pos, rule), mine, dout, layout)
+    return {**result, **stats}
+
+
+def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module, x: torch.Tensor,
+                  layout: str = "contiguous", causal: bool = False,
+                  dout: torch.Tensor | None = None) -> dict:
+    """One process of a sequence-parallel `MultiHeadAttention`: x (B, T, d_model), this rank's T / W tokens.
+
+    The module is replicated; each rank projects its own tokens at their global positions and
+    the core (`ring_core` or `ulysses_core`) attends across ranks. With dout (B, T, d_model) it
+    backpropagates and sums the weight gradients over ranks (all_reduce), as data parallelism
+    would: "grads" = [dx slice, then one per parameter, in named_parameters order].
+    """
+    import torch.distributed as dist
+
+    check_ranks_agree(world_size=world_size, kind=kind, layout=layout, causal=causal,
+                      x=tuple(x.shape), dtype=str(x.dtype), module=repr(module))
+    check_split(x.shape[1], world_size, layout)
+    pos = rank_positions(x.shape[1], world_size, layout)[rank]
+    x_r = shard(x, world_size, layout, dim=1)[rank].requires_grad_(dout is not None)  # (B, T/W, d)
+    stats: dict = {}
+    core = (ring_core if kind == "ring" else ulysses_core)(world_size, stats)
+    params = list(module.parameters())
+    result = _forward_and_backward(rank, world_size, lambda: module(
+        x_r, causal=causal, positions=pos, core=core), [x_r, *params], dout, layout)
+    for g in result.get("grads", [])[1:]:
+        dist.all_reduce(g)  # replicated weights: their gradient is the sum over every rank's tokens
+    return {**result, **stats}
 
 
 def ring_bytes_per_step(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
     """Bytes one rank sends per ring step: its K and V blocks (B, h_kv, T / W, d_k) and their positions."""
     return 2 * B * h_kv * (T // world_size) * d_k * itemsize + (T // world_size) * 8  # int64 positions
+
+
+def _refuse_before_launch(kind: str, T: int, heads: Sequence[int], world_size: int,
+                          layout: str) -> None:
+    """The checks every rank would make, made once here before any process starts."""
+    if kind not in ("ring", "ulysses"):
+        raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
+    check_split(T, world_size, layout)
+    for name, n in zip(("h", "h_kv"), heads, strict=True):
+        if kind == "ulysses" and n % world_size:
+            raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks {name} / W "
+                             f"heads, but {name}={n} is not divisible by {world_size}")
 
 
 def distributed_attention(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -303,12 +543,51 @@ def distributed_attention(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     """
     from .launch import run_workers
 
-    if kind not in ("ring", "ulysses"):
-        raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
-    check_split(q.shape[2], world_size, layout)
-    if kind == "ulysses" and q.shape[1] % world_size:
-        raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks h / W heads, but "
-                         f"h={q.shape[1]} is not divisible by {world_size}")
+    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
     ranks = run_workers(rank_worker, world_size, (kind, q, k, v, layout, causal),
                         timeout_s=timeout_s)
     return unshard([r.pop("out") for r in ranks], layout), ranks
+
+
+def distributed_backward(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                         dout: torch.Tensor, world_size: int, layout: str = "contiguous",
+                         causal: bool = False, timeout_s: float = 60.0,
+                         ) -> tuple[torch.Tensor, tuple[torch.Tensor, ...], list[dict]]:
+    """Forward and backward on world_size processes: -> (out, (dq, dk, dv), per-rank stats), all (B, h, T, d_k)."""
+    from .launch import run_workers
+
+    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
+    if dout.shape != q.shape:
+        raise ValueError(f"dout must have the output's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    ranks = run_workers(rank_worker, world_size, (kind, q, k, v, layout, causal, dout),
+                        timeout_s=timeout_s)
+    grads = [r.pop("grads") for r in ranks]
+    full = tuple(unshard([g[i] for g in grads], layout) for i in range(3))
+    return unshard([r.pop("out") for r in ranks], layout), full, ranks
+
+
+def sequence_parallel(module: torch.nn.Module, x: torch.Tensor, world_size: int,
+                      kind: str = "ring", layout: str = "contiguous", causal: bool = False,
+                      dout: torch.Tensor | None = None, timeout_s: float = 60.0) -> dict:
+    """A `MultiHeadAttention` over x (B, T, d_model) split across world_size processes.
+
+    Returns {"out": (B, T, d_model), "ranks": per-rank stats} and, with dout (B, T, d_model),
+    "dx" (B, T, d_model) and "grads" {parameter name: gradient summed over ranks}.
+    """
+    from .launch import run_workers
+
+    if not hasattr(module, "n_kv_heads") or x.ndim != 3:
+        raise ValueError(f"expected an mha MultiHeadAttention and x (B, T, d_model), got "
+                         f"{type(module).__name__} and x of shape {tuple(x.shape)}")
+    _refuse_before_launch(kind, x.shape[1], (module.n_heads, module.n_kv_heads), world_size, layout)
+    if dout is not None and dout.shape != x.shape:
+        raise ValueError(f"dout must have the output's shape {tuple(x.shape)}, got {tuple(dout.shape)}")
+    ranks = run_workers(module_worker, world_size, (kind, module, x, layout, causal, dout),
+                        timeout_s=timeout_s)
+    result = {"out": unshard([r.pop("out") for r in ranks], layout, dim=1), "ranks": ranks}
+    if dout is not None:
+        grads = [r.pop("grads") for r in ranks]
+        result["dx"] = unshard([g[0] for g in grads], layout, dim=1)
+        names = [name for name, _ in module.named_parameters()]
+        result["grads"] = dict(zip(names, grads[0][1:], strict=True))  # all ranks hold the sum
+    return result

@@ -294,14 +294,20 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         self.backend = "sdpa" if on else "manual"
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
-                mask=None, positions=None, cache=None) -> torch.Tensor:
+                mask=None, positions=None, cache=None, core=None) -> torch.Tensor:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         Same arguments as the numpy twin: `causal`, a boolean `mask` (True = may attend),
         `positions` (T,) or (B, T) (negative = padding) and a TorchKVCache `cache`.
         The manual backend keeps the weights (B, h, T, S) on `.attn`.
+        `core` replaces steps 3-6 for self-attention on a slice of a longer sequence (see
+        `mha.parallel.ring_core`): it gets q (B, h, T, d_k), k, v (B, h_kv, T, d_k), their
+        positions (T,) and `rule(q_pos, k_pos) -> (allowed, bias)`, this module's masks and
+        ALiBi for any two sets of positions, and returns the heads (B, h, T, d_k).
         """
         B, T, S = self._check_inputs(x, context, mask, cache)
+        if core is not None:
+            return self._forward_with_core(x, causal, positions, core, context, mask, cache)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
         k_pos = q_pos if context is None else torch.arange(S, device=x.device)
         q, k, v = project_qkv(self, x, x if context is None else context)  # 1) (B, T|S, ...)
@@ -321,6 +327,32 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         self.attn = None if weights is None else weights.detach()
         merged = merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return self.out_proj(merged)  # ... then the output projection
+
+    def _forward_with_core(self, x, causal, positions, core, context, mask, cache) -> torch.Tensor:
+        """Steps 1-2 and 7 here, steps 3-6 by `core`, for x (B, T, d_model) at `positions`."""
+        if context is not None or mask is not None or cache is not None:
+            given = [n for n, a in (("context", context), ("mask", mask), ("cache", cache))
+                     if a is not None]
+            raise ValueError(f"a core= forward is self-attention over positions: it takes causal "
+                             f"and positions, not {', '.join(given)}")
+        B, T = x.shape[0], x.shape[1]
+        pos = compose.query_positions(positions, B, T, None, x)  # (T,) global positions
+        if pos.ndim != 1:
+            raise ValueError(f"a core= forward takes positions of shape (T,), got {tuple(pos.shape)}")
+        q, k, v = project_qkv(self, x, x)  # 1) (B, T, d_model), 2 x (B, T, h_kv * d_k)
+        q = split_heads(q, self.n_heads)  # 2) (B, h, T, d_k)
+        k, v = (split_heads(a, self.n_kv_heads) for a in (k, v))  # (B, h_kv, T, d_k)
+        q, k = compose.rotate(q, pos, self.options), compose.rotate(k, pos, self.options)
+
+        def rule(q_pos: torch.Tensor, k_pos: torch.Tensor):
+            """This module's mask (None or (.., T_q, T_k)) and ALiBi bias for these positions."""
+            allowed = compose.allowed(q_pos, k_pos, causal, self.options.window, None, B,
+                                      self.n_heads)
+            return allowed, compose.alibi(self.options, self.n_heads, q_pos, k_pos, q.dtype)
+
+        heads = core(q, k, v, pos, pos, rule)  # 3-6) (B, h, T, d_k), across ranks
+        self.attn = None
+        return self.out_proj(merge_heads(heads))  # 7) (B, T, d_model)
 
     def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
         """Run forward once (without autograd) and return the shape ledger of every tensor it made."""
