@@ -151,3 +151,186 @@ def test_simulated_ring_backward_equals_one_process_autograd(layout):
     got = torch.autograd.grad(ring, leaves, dout)
     for name, g, w in zip("qkv", got, want, strict=True):
         assert float((g - w).abs().max()) < 1e-12, f"d{name} differs by {float((g - w).abs().max()):.3g}"
+
+
+# The hand-derived backward of ring attention ---------------------------------------------------
+def _grads_by_autograd(q, k, v, dout, causal):
+    """dq, dk, dv of one-process float64 attention (k, v may have fewer heads: repeated first)."""
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    n_rep = q.shape[1] // k.shape[1]
+    kr, vr = (t.repeat_interleave(n_rep, dim=1) for t in leaves[1:])
+    return torch.autograd.grad(_reference(leaves[0], kr, vr, causal), leaves, dout)
+
+
+def _max_err(got, want):
+    return max(float((g - w).abs().max()) for g, w in zip(got, want, strict=True))
+
+
+@pytest.mark.parametrize("world_size", [1, 2, 4])
+@pytest.mark.parametrize("layout", parallel.LAYOUTS)
+@pytest.mark.parametrize("causal", [False, True])
+def test_hand_derived_ring_backward_equals_autograd(world_size, layout, causal):
+    q, k, v = _qkv(T=16, seed=2)
+    dout = _qkv(T=16, seed=3)[0]
+    got = parallel.ring_backward(q, k, v, dout, world_size, layout, causal)
+    err = _max_err(got, _grads_by_autograd(q, k, v, dout, causal))
+    assert err < 1e-12, f"W={world_size} {layout} causal={causal}: gradient error {err:.3g}"
+
+
+def test_ring_with_grouped_kv_heads_sends_the_small_heads_and_sums_their_gradients():
+    q = _qkv(h=4, T=16, seed=4)[0]
+    k, v = _qkv(h=2, T=16, seed=5)[:2]  # h_kv = 2: each K/V head serves 2 query heads
+    dout = _qkv(h=4, T=16, seed=6)[0]
+    out, _ = parallel.ring_attention(q, k, v, 4, "zigzag", causal=True)
+    want = _reference(q, k.repeat_interleave(2, 1), v.repeat_interleave(2, 1), True)
+    assert float((out - want).abs().max()) < 1e-12
+    got = parallel.ring_backward(q, k, v, dout, 4, "zigzag", causal=True)
+    assert got[1].shape == k.shape and got[2].shape == v.shape
+    assert _max_err(got, _grads_by_autograd(q, k, v, dout, True)) < 1e-12
+
+
+def test_a_backward_from_each_blocks_own_logsumexp_is_caught(monkeypatch):
+    """Planted bug: P recomputed from the block's own lse (its local softmax), not the row's."""
+    q, k, v = _qkv(T=16, seed=7)
+    dout = _qkv(T=16, seed=8)[0]
+    want = _grads_by_autograd(q, k, v, dout, True)
+    right = parallel.block_backward
+
+    def local_lse(q, k, v, lse, dout, delta, allowed=None, bias=None):
+        _, own = parallel.attention_lse(q, k, v, allowed, bias)  # this block's lse only
+        return right(q, k, v, own, dout, delta, allowed, bias)
+
+    monkeypatch.setattr(parallel, "block_backward", local_lse)
+    err = _max_err(parallel.ring_backward(q, k, v, dout, 4, "contiguous", True), want)
+    assert err > 1e-2, f"the check could not tell the planted backward (error {err:.3g})"
+
+
+# The whole module, sequence-parallel ------------------------------------------------------------
+def test_a_core_forward_refuses_what_it_cannot_split():
+    from mha.torch_mha import MultiHeadAttention
+
+    m = MultiHeadAttention(16, 4, dtype=torch.float64)
+    x = torch.randn(1, 8, 16, dtype=torch.float64)
+    core = parallel.ring_core(2)
+    with pytest.raises(ValueError, match="a core= forward is self-attention over positions: it "
+                                         "takes causal and positions, not mask"):
+        m(x, mask=torch.ones(8, 8, dtype=torch.bool), core=core)
+    with pytest.raises(ValueError, match="not context"):
+        m(x, context=x, core=core)
+    with pytest.raises(ValueError, match=r"h_kv=2 is not divisible by 4"):
+        parallel.sequence_parallel(MultiHeadAttention(16, 4, n_kv_heads=2), x.float(), 4, "ulysses")
+    with pytest.raises(ValueError, match="expected an mha MultiHeadAttention"):
+        parallel.sequence_parallel(torch.nn.Linear(16, 16), x, 2)
+
+
+def test_a_core_forward_on_one_rank_is_the_module_itself():
+    """The core= path with a core that attends locally gives the ordinary forward (every option)."""
+    from mha.torch_mha import MultiHeadAttention, attention_lse
+
+    def local(q, k, v, q_pos, k_pos, rule):
+        allowed, bias = rule(q_pos, k_pos)
+        return attention_lse(q, *parallel._full_heads(q, k, v), allowed, bias)[0]
+
+    x = torch.randn(2, 8, 16, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    for opts in [{}, dict(n_kv_heads=2, rope="half"), dict(alibi=True), dict(window=3)]:
+        m = MultiHeadAttention(16, 4, seed=2, dtype=torch.float64, **opts).requires_grad_(False)
+        err = float((m(x, causal=True, core=local) - m(x, causal=True)).abs().max())
+        assert err < 1e-12, f"{opts}: the core= path differs by {err:.3g}"
+
+
+# Across processes: backward, the whole module, ranks that disagree, NCCL ------------------------
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+@pytest.mark.parametrize("world_size,layout", [(2, "contiguous"), (4, "zigzag")])
+def test_across_processes_backward_equals_one_process_autograd(kind, world_size, layout):
+    q, k, v = _qkv(T=16, seed=11)
+    dout = _qkv(T=16, seed=12)[0]
+    out, grads, ranks = parallel.distributed_backward(kind, q, k, v, dout, world_size, layout,
+                                                      causal=True, timeout_s=60)
+    assert float((out - _reference(q, k, v, True)).abs().max()) < 1e-12
+    err = _max_err(grads, _grads_by_autograd(q, k, v, dout, True))
+    assert err < 1e-12, f"{kind} W={world_size} {layout}: gradient error {err:.3g}"
+    if kind == "ring":  # by hand: W - 1 steps of K, V, positions, dK, dV (float64), then dK, dV
+        block = 2 * 4 * (16 // world_size) * 8 * 8
+        by_hand = (world_size - 1) * (4 * block + (16 // world_size) * 8) + 2 * block
+        assert by_hand == parallel.ring_backward_bytes(2, 4, 16, world_size, 8, 8)
+        assert [r["backward_bytes_sent"] for r in ranks] == [by_hand] * world_size
+
+
+@pytest.mark.parametrize("kind,world_size,options", [
+    ("ring", 2, dict(n_kv_heads=2, rope="half")), ("ulysses", 2, dict(alibi=True)),
+    ("ring", 4, dict(window=5)), ("ulysses", 4, dict(n_kv_heads=4, rope="interleaved"))])
+def test_sequence_parallel_module_equals_the_module_forward_and_backward(kind, world_size, options):
+    from mha.torch_mha import MultiHeadAttention
+
+    g = torch.Generator().manual_seed(3)
+    m = MultiHeadAttention(16, 4, seed=4, dtype=torch.float64, **options)
+    x = torch.randn(2, 16, 16, dtype=torch.float64, generator=g, requires_grad=True)
+    dy = torch.randn(2, 16, 16, dtype=torch.float64, generator=g)
+    y = m(x, causal=True)
+    want = torch.autograd.grad(y, [x, *m.parameters()], dy)
+    got = parallel.sequence_parallel(m, x.detach(), world_size, kind, "zigzag", True, dout=dy)
+    assert float((got["out"] - y).abs().max()) < 1e-12
+    assert float((got["dx"] - want[0]).abs().max()) < 1e-12
+    for (name, grad), w in zip(got["grads"].items(), want[1:], strict=True):
+        assert float((grad - w).abs().max()) < 1e-12, f"{kind} {options}: d{name} differs"
+
+
+def test_sequence_parallel_float32_stays_within_the_error_of_the_float32_module():
+    from mha.torch_mha import MultiHeadAttention
+
+    x = torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(5))
+    golden = MultiHeadAttention(16, 4, seed=6, dtype=torch.float64)(x.double(), causal=True)
+    plain = MultiHeadAttention(16, 4, seed=6)(x, causal=True)
+    _, allowed = bench.derived_tolerance(golden, plain, torch.float32)
+    got = parallel.sequence_parallel(MultiHeadAttention(16, 4, seed=6), x, 4, "ring", "zigzag", True)
+    err = float((got["out"].double() - golden).abs().max())
+    assert err <= allowed, f"float32 sequence-parallel error {err:.3g} > allowed {allowed:.3g}"
+
+
+def test_ranks_that_disagree_all_raise_the_same_clear_error_instead_of_hanging():
+    import time
+
+    from mha import _launch_examples as ex
+    from mha.launch import run_workers
+
+    start = time.monotonic()
+    said = run_workers(ex.disagreeing_ranks, 2, args=([16, 12],), timeout_s=30,
+                       collective_timeout_s=10)
+    assert said[0] == said[1], "every rank must say the same"
+    assert "the ranks must agree before attention starts, but they differ: T: rank 0 has 16, " \
+           "rank 1 has 12" in said[0]
+    assert time.monotonic() - start < 10, "a disagreement must not wait for a collective timeout"
+    assert run_workers(ex.disagreeing_ranks, 2, args=([16, 16],), timeout_s=30) == ["agreed"] * 2
+
+
+def test_nccl_is_refused_without_enough_gpus_before_any_process_starts():
+    from mha import _launch_examples as ex
+    from mha.launch import run_workers
+
+    too_many = torch.cuda.device_count() + 1
+    with pytest.raises(ValueError, match="backend='nccl' puts each rank on its own GPU"):
+        run_workers(ex.all_reduce_sum, too_many, backend="nccl")
+    with pytest.raises(ValueError, match="backend must be 'gloo' or 'nccl', got 'mpi'"):
+        run_workers(ex.all_reduce_sum, 2, backend="mpi")
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs CUDA: 2 GPUs for NCCL")
+@pytest.mark.parametrize("kind", ["ring", "ulysses"])
+def test_nccl_ranks_on_gpus_equal_one_process_attention(kind):
+    from mha.launch import run_workers
+
+    q, k, v = _qkv(T=16, seed=13)
+    dout = _qkv(T=16, seed=14)[0]
+    ranks = run_workers(parallel.rank_worker, 2, (kind, q, k, v, "zigzag", True, dout),
+                        timeout_s=120, backend="nccl")
+    out = parallel.unshard([r["out"] for r in ranks], "zigzag")
+    assert float((out - _reference(q, k, v, True)).abs().max()) < 1e-12
+    grads = [parallel.unshard([r["grads"][i] for r in ranks], "zigzag") for i in range(3)]
+    assert _max_err([g.cpu() for g in grads], _grads_by_autograd(q, k, v, dout, True)) < 1e-12
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: tensors on the GPU")
+def test_simulated_ring_on_the_gpu_equals_the_cpu():
+    q, k, v = (t.cuda() for t in _qkv(T=16, seed=15))
+    out, _ = parallel.ring_attention(q, k, v, 4, "zigzag", causal=True)
+    assert float((out.cpu() - _reference(q.cpu(), k.cpu(), v.cpu(), True)).abs().max()) < 1e-12

@@ -74,3 +74,14 @@ def grad_result(rank: int, world_size: int) -> dict:
     """A result pickle would send with its graph flag and its base's whole storage: a view."""
     x = torch.arange(100.0, requires_grad=True)  # (100,)
     return {"rank": rank, "y": (x * (rank + 1))[1:3]}  # a (2,) view of a graph node
+
+
+def disagreeing_ranks(rank: int, world_size: int, T_of_rank: list[int]) -> str:
+    """Rank r holds T_of_rank[r] tokens; return the error check_ranks_agree raises here (or "agreed")."""
+    from mha import parallel
+
+    try:
+        parallel.check_ranks_agree(world_size=world_size, T=T_of_rank[rank])
+    except ValueError as exc:
+        return str(exc)
+    return "agreed"

@@ -1,6 +1,7 @@
 """Run a function on W torch.distributed ranks on CPU (gloo), one process each, and never hang.
 
-    run_workers(fn, world_size, args=(), timeout_s=60.0, collective_timeout_s=20.0) -> list
+    run_workers(fn, world_size, args=(), timeout_s=60.0, collective_timeout_s=20.0,
+                backend="gloo") -> list
         the results of fn(rank, world_size, *args), in rank order
 
 Why it cannot hang a test run or a notebook:
@@ -89,12 +90,12 @@ def _require_seconds(name: str, value: Any) -> float:
     return float(value)
 
 
-def _pack_job(fn: Callable[..., Any], args: Sequence[Any]) -> bytes:
-    """fn and args as plain pickled bytes; raise TypeError naming what cannot be pickled."""
+def _pack_job(fn: Callable[..., Any], args: Sequence[Any], backend: str = "gloo") -> bytes:
+    """fn, args and the backend as plain pickled bytes; raise TypeError naming what cannot be pickled."""
     if (why := _function_error(fn)) is not None:
         raise TypeError(why)
     try:
-        return pickle.dumps((fn, tuple(args)))
+        return pickle.dumps((fn, tuple(args), backend))
     except Exception as exc:  # pickle raises several kinds (PicklingError, TypeError, ...)
         raise TypeError(f"args must be picklable to reach the workers: {exc}") from exc
 
@@ -125,14 +126,16 @@ def _use_loopback() -> None:
 
 
 def _run_rank(rank: int, world_size: int, job: bytes, store: str, collective_s: float) -> Any:
-    """Join the gloo group, run the job and leave the group again; return fn's result."""
+    """Join the process group (gloo, or nccl on GPU `rank`), run the job, leave; return fn's result."""
     import torch
     import torch.distributed as dist
 
     torch.set_num_threads(1)  # 2 cores, W ranks: more threads per rank only fight (and hung once)
     _use_loopback()
-    fn, args = pickle.loads(job)
-    dist.init_process_group("gloo", init_method=f"file://{store}", rank=rank,
+    fn, args, backend = pickle.loads(job)
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank; NCCL refuses two ranks on one device
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank,
                             world_size=world_size, timeout=timedelta(seconds=collective_s))
     try:
         return _detached(fn(rank, world_size, *args))
@@ -264,14 +267,27 @@ def _failure(failures: list[tuple], answers: dict, world_size: int) -> RuntimeEr
 
 
 def run_workers(fn: Callable[..., Any], world_size: int, args: Sequence[Any] = (),
-                timeout_s: float = 60.0, collective_timeout_s: float = 20.0) -> list:
-    """Return [fn(rank, world_size, *args) for each rank], each rank in its own gloo process."""
+                timeout_s: float = 60.0, collective_timeout_s: float = 20.0,
+                backend: str = "gloo") -> list:
+    """Return [fn(rank, world_size, *args) for each rank], each rank in its own process.
+
+    backend "gloo" (CPU tensors, any machine) or "nccl" (rank r on GPU r; needs world_size GPUs).
+    """
     world_size = require_int("world_size", world_size)
     if world_size > MAX_WORLD_SIZE:
         raise ValueError(f"world_size must be <= {MAX_WORLD_SIZE}, got {world_size}")
     timeout_s = _require_seconds("timeout_s", timeout_s)
     collective_s = _require_seconds("collective_timeout_s", collective_timeout_s)
-    job = _pack_job(fn, args)
+    if backend not in ("gloo", "nccl"):
+        raise ValueError(f"backend must be 'gloo' or 'nccl', got {backend!r}")
+    if backend == "nccl":
+        import torch
+
+        if torch.cuda.device_count() < world_size:
+            raise ValueError(f"backend='nccl' puts each rank on its own GPU: world_size={world_size} "
+                             f"needs {world_size} CUDA devices, this machine has "
+                             f"{torch.cuda.device_count()}")
+    job = _pack_job(fn, args, backend)
     deadline = time.monotonic() + timeout_s
     tmpdir = tempfile.mkdtemp(prefix="mha-launch-")
     procs: list = []

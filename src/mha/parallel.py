@@ -124,7 +124,7 @@ def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
     rule = causal_rule(causal) if rule is None else rule
     B, h, T_r, d_k = q.shape
     out = torch.zeros_like(q)  # (B, h, T_r, d_k): no keys yet ...
-    lse = torch.full((B, h, T_r), float("-inf"), dtype=q.dtype)  # ... so no softmax mass
+    lse = torch.full((B, h, T_r), float("-inf"), dtype=q.dtype, device=q.device)  # ... no mass
     k_pos = pos
     for step in range(world_size):
         allowed, bias = rule(pos, k_pos)  # (.., T_r, T_r) or None each
@@ -455,15 +455,29 @@ def check_ranks_agree(**facts: Any) -> None:
                          f"group has {W} ranks")
 
 
+def _on_cpu(result: dict) -> dict:
+    """The result's "grads" moved to the CPU (to travel back to the caller), if it has any."""
+    return {"grads": [g.cpu() for g in result["grads"]]} if "grads" in result else {}
+
+
+def _rank_device() -> torch.device:
+    """This rank's device: its GPU under NCCL (mha.launch sets it), else the CPU (gloo)."""
+    import torch.distributed as dist
+
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def _forward_and_backward(rank: int, world_size: int, run: Callable, leaves: Sequence[torch.Tensor],
                           dout: torch.Tensor | None, layout: str) -> dict:
     """Run `run()` on this rank; with dout (the full gradient), backpropagate this rank's slice of it."""
     out = run()
     if dout is None:
-        return {"out": out.detach()}
+        return {"out": out.detach().cpu()}
     dmine = shard(dout, world_size, layout, dim=out.ndim - 2)[rank]  # the sequence axis
     grads = torch.autograd.grad(out, list(leaves), dmine)
-    return {"out": out.detach(), "grads": [g.detach() for g in grads]}
+    return {"out": out.detach().cpu(), "grads": [g.detach() for g in grads]}
 
 
 def rank_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch.Tensor,
@@ -478,15 +492,17 @@ def rank_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch
     check_ranks_agree(world_size=world_size, kind=kind, layout=layout, causal=causal,
                       q=tuple(q.shape), k=tuple(k.shape), v=tuple(v.shape), dtype=str(q.dtype))
     check_split(q.shape[2], world_size, layout)
-    pos = rank_positions(q.shape[2], world_size, layout)[rank]
-    mine = [shard(t, world_size, layout)[rank].requires_grad_(dout is not None)
-            for t in (q, k, v)]  # (B, h, T / W, d_k) each
+    device = _rank_device()
+    pos = rank_positions(q.shape[2], world_size, layout)[rank].to(device)
+    mine = [shard(t, world_size, layout)[rank].to(device).requires_grad_(dout is not None)
+            for t in (q, k, v)]  # (B, h, T / W, d_k) each, on this rank's device
+    dout = None if dout is None else dout.to(device)
     stats: dict = {}
     core = ring_core if kind == "ring" else ulysses_core
     rule = causal_rule(causal)
     result = _forward_and_backward(rank, world_size, lambda: core(world_size, stats)(
         *mine, pos, pos, rule), mine, dout, layout)
-    return {**result, **stats}
+    return {**result, **_on_cpu(result), **stats}
 
 
 def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module, x: torch.Tensor,
@@ -504,8 +520,11 @@ def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module
     check_ranks_agree(world_size=world_size, kind=kind, layout=layout, causal=causal,
                       x=tuple(x.shape), dtype=str(x.dtype), module=repr(module))
     check_split(x.shape[1], world_size, layout)
-    pos = rank_positions(x.shape[1], world_size, layout)[rank]
-    x_r = shard(x, world_size, layout, dim=1)[rank].requires_grad_(dout is not None)  # (B, T/W, d)
+    device = _rank_device()
+    module = module.to(device)
+    pos = rank_positions(x.shape[1], world_size, layout)[rank].to(device)
+    x_r = shard(x, world_size, layout, dim=1)[rank].to(device).requires_grad_(dout is not None)
+    dout = None if dout is None else dout.to(device)  # x_r: (B, T / W, d_model) on this device
     stats: dict = {}
     core = (ring_core if kind == "ring" else ulysses_core)(world_size, stats)
     params = list(module.parameters())
@@ -513,12 +532,20 @@ def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module
         x_r, causal=causal, positions=pos, core=core), [x_r, *params], dout, layout)
     for g in result.get("grads", [])[1:]:
         dist.all_reduce(g)  # replicated weights: their gradient is the sum over every rank's tokens
-    return {**result, **stats}
+    return {**result, **_on_cpu(result), **stats}
 
 
 def ring_bytes_per_step(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
     """Bytes one rank sends per ring step: its K and V blocks (B, h_kv, T / W, d_k) and their positions."""
     return 2 * B * h_kv * (T // world_size) * d_k * itemsize + (T // world_size) * 8  # int64 positions
+
+
+def ring_backward_bytes(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
+    """Bytes one rank sends in the whole backward ring: W - 1 steps of K, V, positions, dK, dV, then dK, dV once."""
+    block = B * h_kv * (T // world_size) * d_k * itemsize  # one (B, h_kv, T / W, d_k) tensor
+    if world_size == 1:
+        return 0
+    return (world_size - 1) * (4 * block + (T // world_size) * 8) + 2 * block
 
 
 def _refuse_before_launch(kind: str, T: int, heads: Sequence[int], world_size: int,
