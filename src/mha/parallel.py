@@ -164,15 +164,18 @@ def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch
 def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
                        out: torch.Tensor, lse: torch.Tensor, dout: torch.Tensor, world_size: int,
                        causal: bool = False, stats: dict | None = None, rule: Rule | None = None,
+                       block_grads: Callable[..., tuple] | None = None,
                        ) -> Generator[RingMessage, RingMessage, tuple[torch.Tensor, ...]]:
     """One rank of ring attention's backward (hand-derived): -> (dq, dk, dv) of its own shard.
 
     The K/V blocks go round the ring again, each with the dk, dv gathered so far: every rank adds
     what its queries contribute (`block_backward`) and passes the block on. After W - 1 steps a
     rank holds its right neighbour's block, so one more step (dk, dv only) brings every block's
-    gradient home. dq stays on its rank. Arguments as `ring_rank`, plus its out, lse and dout.
+    gradient home. dq stays on its rank. Arguments as `ring_rank`, plus its out, lse and dout;
+    `block_grads` is the per-block gradient (default `block_backward`; a lesson passes a wrong one).
     """
     rule = causal_rule(causal) if rule is None else rule
+    block_grads = block_backward if block_grads is None else block_grads
     delta = (dout * out).sum(-1)  # (B, h, T_r): rowsum(dO * O), 15_backward_pass.ipynb
     dq = torch.zeros_like(q)  # (B, h, T_r, d_k)
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # (B, h_kv, T_r, d_k): the held block's
@@ -180,7 +183,7 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
     for step in range(world_size):
         allowed, bias = rule(pos, k_pos)
         if not _hidden(allowed):
-            g_q, g_k, g_v = block_backward(q, k, v, lse, dout, delta, allowed, bias)
+            g_q, g_k, g_v = block_grads(q, k, v, lse, dout, delta, allowed, bias)
             dq, dk, dv = dq + g_q, dk + g_k, dv + g_v
             if stats is not None:
                 stats["blocks"] = stats.get("blocks", 0) + 1
@@ -277,10 +280,12 @@ def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size
 
 def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor,
                   world_size: int, layout: str = "contiguous", causal: bool = False,
+                  block_grads: Callable[..., tuple] | None = None,
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Ring attention's hand-derived backward on W simulated ranks: -> (dq, dk, dv), each (B, h, T, d_k).
 
-    The forward ring first (each rank keeps its out and lse), then `ring_rank_backward`.
+    The forward ring first (each rank keeps its out and lse), then `ring_rank_backward`
+    (with `block_grads`, default `block_backward`).
     """
     check_split(q.shape[2], world_size, layout)
     pos = rank_positions(q.shape[2], world_size, layout)
@@ -288,7 +293,8 @@ def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch
     fwd = simulate([ring_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal)
                     for r in range(world_size)], "ring")
     grads = simulate([ring_rank_backward(qs[r], ks[r], vs[r], pos[r], *fwd[r], dos[r], world_size,
-                                         causal) for r in range(world_size)], "ring")
+                                         causal, block_grads=block_grads)
+                      for r in range(world_size)], "ring")
     return tuple(unshard([g[i] for g in grads], layout) for i in range(3))
 
 
