@@ -173,6 +173,50 @@ PLANTED["A6_generation"] = [
             "a6-bytes-tests", "you counted all n_heads query heads"),
 ]
 
+PLANTED["A7_ring_attention"] = [
+    planted("merge-average", "a7-merge", "return share_a * out_a + share_b * out_b, lse",
+            "return (out_a + out_b) / 2, lse", "a7-merge-tests", "matches planted mistake 'average'"),
+    planted("merge-overflow", "a7-merge",
+            "    share_a = torch.exp(lse_a - shift)[..., None]  # (B, h, T, 1): A's fraction of the softmax mass\n"
+            "    share_b = torch.exp(lse_b - shift)[..., None]  # (B, h, T, 1): B's; the two add up to 1\n"
+            "    return share_a * out_a + share_b * out_b, lse",
+            "    w_a, w_b = torch.exp(lse_a)[..., None], torch.exp(lse_b)[..., None]  # unshifted\n"
+            "    return (w_a * out_a + w_b * out_b) / (w_a + w_b), lse", "a7-merge-tests",
+            "matches planted mistake 'overflow'"),
+    planted("merge-nan-empty", "a7-merge",
+            "shift = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))", "shift = lse",
+            "a7-merge-tests", "matches planted mistake 'nan_empty'"),
+    planted("positions-w-1-r", "a7-positions", "torch.arange((2 * W - 1 - r) * n, (2 * W - r) * n)",
+            "torch.arange((W - 1 - r) * n, (W - r) * n)", "a7-positions-tests",
+            "matches planted mistake 'mirror_w'"),
+    planted("positions-divisible-by-w", "a7-positions", "if T % (2 * W):", "if T % W:",
+            "a7-positions-tests", "checking T % W is not enough"),
+    planted("step-local-mask", "a7-step", "allowed = k_pos[None, :] <= q_pos[:, None]",
+            "allowed = torch.ones(len(q_pos), len(k_pos), dtype=torch.bool).tril()", "a7-step-tests",
+            "matches planted mistake 'local_mask'"),
+    planted("step-strict", "a7-step", "allowed = k_pos[None, :] <= q_pos[:, None]",
+            "allowed = k_pos[None, :] < q_pos[:, None]", "a7-step-tests",
+            "matches planted mistake 'strict'"),
+    planted("step-no-lse", "a7-step", "return merge_partials(out, lse, block_out, block_lse)",
+            "return (out + block_out) / 2, torch.logaddexp(lse, block_lse)", "a7-step-tests",
+            "matches planted mistake 'no_lse_merge'"),
+    planted("step-rows-nan", "a7-step", "block_out = torch.exp(scores - base[..., None]) @ v",
+            "block_out = torch.softmax(scores, dim=-1) @ v", "a7-step-tests",
+            "matches planted mistake 'rows_nan'"),
+    planted("ring-w-1-steps", "a7-ring", "for _ in range(W):", "for _ in range(W - 1):",
+            "a7-ring-tests", "matches planted mistake 'one_block_missed'"),
+    planted("ring-own-k-positions", "a7-ring", "pos[r], kp, outs[r]", "pos[r], pos[r], outs[r]",
+            "a7-ring-tests", "matches planted mistake 'own_k_positions'"),
+    planted("ring-not-unsharded", "a7-ring",
+            "    out = torch.empty_like(q)  # (B, h, T, d_k)\n    for r in range(W):\n"
+            "        out[:, :, pos[r]] = outs[r]  # back in sequence order: row i of rank r is position pos[r][i]\n"
+            "    return out",
+            "    return torch.cat(outs, dim=2)  # in rank order", "a7-ring-tests",
+            "matches planted mistake 'not_unsharded'"),
+    planted("pairs-strict", "a7-pairs", "int((p + 1).sum())", "int(p.sum())", "a7-pairs-tests",
+            "that leaves out each query's own key"),
+]
+
 # Reaching for the reference: the part earns nothing and the summary names student, part and
 # the reference reached. (student, cell, old, new, part, reference named in the summary)
 CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
@@ -245,6 +289,25 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "n_kv_heads, slots, d_k, itemsize)\n    one_layer = 2 *", "a6-bytes-tests",
          "mha.generate.cache_bytes_formula"),
     ],
+    "A7_ring_attention": [
+        ("cheat-merge", "a7-merge", "    lse = torch.logaddexp(lse_a, lse_b)  #",
+         "    from mha import parallel\n    return parallel.merge_partials(out_a, lse_a, out_b, lse_b)\n"
+         "    lse = torch.logaddexp(lse_a, lse_b)  #", "a7-merge-tests", "mha.parallel.merge_partials"),
+        ("cheat-rank-positions", "a7-positions", "    W = world_size\n",
+         "    from mha.parallel import rank_positions\n    return rank_positions(T, world_size, 'zigzag')\n",
+         "a7-positions-tests", "mha.parallel.rank_positions"),
+        ("cheat-attention-lse", "a7-step", "    if causal:\n        allowed =",
+         "    from mha.torch_mha import attention_lse\n"
+         "    o, o_lse = attention_lse(q, k, v, k_pos[None, :] <= q_pos[:, None] if causal else None)\n"
+         "    return merge_partials(out, lse, o, o_lse)\n    if causal:\n        allowed =",
+         "a7-step-tests", "mha.torch_mha.attention_lse"),
+        ("cheat-ring-attention", "a7-ring", "    T, W = q.shape[2], world_size\n",
+         "    from mha import parallel\n    return parallel.ring_attention(q, k, v, world_size, layout, causal)[0]\n",
+         "a7-ring-tests", "mha.parallel.ring_attention"),
+        ("cheat-causal-work", "a7-pairs", "    if layout == \"zigzag\":\n",
+         "    from mha import parallel\n    return parallel.causal_work(T, world_size, layout)\n"
+         "    if layout == \"zigzag\":\n", "a7-pairs-tests", "mha.parallel.causal_work"),
+    ],
 }
 
 # Correct work in other styles, and what must not cost points.
@@ -265,6 +328,16 @@ KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, ne
          "        return K[:, :, ::-1], V[:, :, ::-1], pos[:, ::-1]"),
         ("bytes-as-float", "a6-bytes", "return n_layers * one_layer", "return float(n_layers * one_layer)"),
     ],
+    "A7_ring_attention": [
+        ("positions-as-lists", "a7-positions", "    n = T // (2 * W)  # positions per chunk\n",
+         "    n = T // (2 * W)\n    return [list(range(r * n, (r + 1) * n)) + "
+         "list(range((2 * W - 1 - r) * n, (2 * W - r) * n)) for r in range(W)]\n"),
+        ("step-minus-1e9", "a7-step", 'scores.masked_fill(~allowed, float("-inf"))',
+         "scores.masked_fill(~allowed, -1e9)"),  # a row that sees nothing adds nothing either way
+        ("ring-passes-left", "a7-ring", "held[(r - 1) % W]", "held[(r + 1) % W]"),  # same blocks, other way
+        ("pairs-as-tensor", "a7-pairs", "return [int((p + 1).sum()) for p in pos]",
+         "return torch.stack([(p + 1).sum() for p in pos])"),
+    ],
 }
 
 # A part that does not compile costs only its own points; later parts run on the reference.
@@ -275,6 +348,8 @@ BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only pa
                          "    return weights * (dweights - wg", "a5-softmax-tests"),
     "A6_generation": ("a6-ring", "        self.seen += t_new\n", "        self.seen += t_new)\n",
                       "a6-ring-tests"),
+    "A7_ring_attention": ("a7-merge", "    return share_a * out_a + share_b * out_b, lse",
+                          "    return share_a * out_a + share_b * out_b, lse)", "a7-merge-tests"),
 }
 
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
@@ -290,6 +365,7 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
                          "a5-softmax-tests"),
     "A6_generation": ("a6-positions", "return np.where(pos >= 0, pos, -1)",
                       "return np.where(pos >= 0, pos, 0)", "a6-positions-tests"),
+    "A7_ring_attention": ("a7-positions", "if T % (2 * W):", "if T % W:", "a7-positions-tests"),
 }
 
 
@@ -622,6 +698,33 @@ class TestA6(AssignmentContract):
         s = graded.student_of["syntax-error"]
         assert part in graded.lost(s) and graded.lost(s) == graded.expected[s], graded.lost(s)
 
+
+class TestA7(CombinedPart, AssignmentContract):
+    """Ring step, ring and pairs are built from earlier parts: they run with the references."""
+
+    name = "A7_ring_attention"
+
+    def test_a_wrong_earlier_part_costs_nothing_later(self):
+        """The mixed submissions lose the union of their parts; this shows the later parts alone.
+
+        Cell by cell in one namespace, as a kernel runs it: a merge that averages and a zigzag that
+        pairs chunk r with W-1-r fail their own tests, and the hidden tests of the ring step, the
+        ring and the pairs, which run with the reference merge and zigzag, still pass.
+        """
+        nb = nbformat.read(COURSE / "source" / self.name / f"{self.name}.ipynb", as_version=4)
+        wrong = {p.cell: p for p in PLANTED[self.name] if p.student in ("merge-average", "positions-w-1-r")}
+        ns: dict = {}
+        for cell in nb.cells:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if cell.cell_type != "code" or gid is None:
+                continue
+            src = _edit(cell.source, wrong[gid]) if gid in wrong else cell.source
+            run = compile(src, f"<ipython-input-{gid}>", "exec")
+            if gid in ("a7-merge-tests", "a7-positions-tests"):
+                with pytest.raises(AssertionError, match="planted mistake"):
+                    exec(run, ns)
+            else:
+                exec(run, ns)  # parts 3-5 and their hidden tests: no error
 
 def test_every_assignment_has_a_contract():
     names = sorted(p.name for p in (COURSE / "source").iterdir() if p.is_dir())
