@@ -240,14 +240,15 @@ def test_a_core_forward_on_one_rank_is_the_module_itself():
 
 # Across processes: backward, the whole module, ranks that disagree, NCCL ------------------------
 @pytest.mark.parametrize("kind", ["ring", "ulysses"])
-@pytest.mark.parametrize("world_size,layout", [(2, "contiguous"), (4, "zigzag")])
-def test_across_processes_backward_equals_one_process_autograd(kind, world_size, layout):
+@pytest.mark.parametrize("world_size,layout,causal", [(2, "contiguous", True), (4, "zigzag", True),
+                                                      (4, "contiguous", False)])
+def test_across_processes_backward_equals_one_process_autograd(kind, world_size, layout, causal):
     q, k, v = _qkv(T=16, seed=11)
     dout = _qkv(T=16, seed=12)[0]
     out, grads, ranks = parallel.distributed_backward(kind, q, k, v, dout, world_size, layout,
-                                                      causal=True, timeout_s=60)
-    assert float((out - _reference(q, k, v, True)).abs().max()) < 1e-12
-    err = _max_err(grads, _grads_by_autograd(q, k, v, dout, True))
+                                                      causal=causal, timeout_s=60)
+    assert float((out - _reference(q, k, v, causal)).abs().max()) < 1e-12
+    err = _max_err(grads, _grads_by_autograd(q, k, v, dout, causal))
     assert err < 1e-12, f"{kind} W={world_size} {layout}: gradient error {err:.3g}"
     if kind == "ring":  # by hand: W - 1 steps of K, V, positions, dK, dV (float64), then dK, dV
         block = 2 * 4 * (16 // world_size) * 8 * 8
@@ -288,20 +289,33 @@ def test_sequence_parallel_float32_stays_within_the_error_of_the_float32_module(
     assert err <= allowed, f"float32 sequence-parallel error {err:.3g} > allowed {allowed:.3g}"
 
 
-def test_ranks_that_disagree_all_raise_the_same_clear_error_instead_of_hanging():
+@pytest.mark.parametrize("facts,message", [
+    ([{"world_size": 2, "T": 16}, {"world_size": 2, "T": 12}],
+     "they differ: T: rank 0 has 16, rank 1 has 12"),
+    ([{"layout": "zigzag"}, {"layout": "contiguous"}],
+     "they differ: layout: rank 0 has zigzag, rank 1 has contiguous"),
+    ([{"world_size": 4}, {"world_size": 4}],
+     "every rank was told world_size=4, but the process group has 2 ranks"),
+])
+def test_ranks_that_disagree_all_raise_the_same_clear_error_instead_of_hanging(facts, message):
     import time
 
     from mha import _launch_examples as ex
     from mha.launch import run_workers
 
     start = time.monotonic()
-    said = run_workers(ex.disagreeing_ranks, 2, args=([16, 12],), timeout_s=30,
-                       collective_timeout_s=10)
+    said = run_workers(ex.disagreeing_ranks, 2, args=(facts,), timeout_s=30, collective_timeout_s=10)
     assert said[0] == said[1], "every rank must say the same"
-    assert "the ranks must agree before attention starts, but they differ: T: rank 0 has 16, " \
-           "rank 1 has 12" in said[0]
+    assert message in said[0], f"expected {message!r}, got {said[0]!r}"
     assert time.monotonic() - start < 10, "a disagreement must not wait for a collective timeout"
-    assert run_workers(ex.disagreeing_ranks, 2, args=([16, 16],), timeout_s=30) == ["agreed"] * 2
+
+
+def test_ranks_that_agree_go_on():
+    from mha import _launch_examples as ex
+    from mha.launch import run_workers
+
+    facts = [{"world_size": 2, "T": 16, "layout": "zigzag"}] * 2
+    assert run_workers(ex.disagreeing_ranks, 2, args=(facts,), timeout_s=30) == ["agreed"] * 2
 
 
 def test_nccl_is_refused_without_enough_gpus_before_any_process_starts():

@@ -76,12 +76,12 @@ def grad_result(rank: int, world_size: int) -> dict:
     return {"rank": rank, "y": (x * (rank + 1))[1:3]}  # a (2,) view of a graph node
 
 
-def disagreeing_ranks(rank: int, world_size: int, T_of_rank: list[int]) -> str:
-    """Rank r holds T_of_rank[r] tokens; return the error check_ranks_agree raises here (or "agreed")."""
+def disagreeing_ranks(rank: int, world_size: int, facts_of_rank: list[dict]) -> str:
+    """Rank r states facts_of_rank[r]; return the error check_ranks_agree raises here (or "agreed")."""
     from mha import parallel
 
     try:
-        parallel.check_ranks_agree(world_size=world_size, T=T_of_rank[rank])
+        parallel.check_ranks_agree(**facts_of_rank[rank])
     except ValueError as exc:
         return str(exc)
     return "agreed"
