@@ -349,3 +349,20 @@ def test_simulated_ring_on_the_gpu_equals_the_cpu():
     q, k, v = (t.cuda() for t in _qkv(T=16, seed=15))
     out, _ = parallel.ring_attention(q, k, v, 4, "zigzag", causal=True)
     assert float((out.cpu() - _reference(q.cpu(), k.cpu(), v.cpu(), True)).abs().max()) < 1e-12
+
+
+def test_each_rank_peaks_at_a_few_of_its_own_score_matrices_not_the_whole_one():
+    """Measured per rank (torch's profiler): ring ~ (T/W)^2 scores per head, Ulysses ~ T^2 of h/W heads."""
+    from mha.torch_mha import attention, causal_mask
+
+    q, k, v = _qkv(B=1, h=4, T=512, d_k=16, dtype=torch.float32, seed=16)
+    with torch.no_grad():
+        one = bench.peak_memory_bytes(lambda: attention(q, k, v, causal_mask(512, 512), backend="manual"))
+    whole = bench.score_matrix_bytes(1, 4, 512, 512, torch.float32)
+    assert 1 <= one / whole < 4
+    ring = parallel.peak_bytes_per_rank("ring", q, k, v, 2, "zigzag", causal=True)
+    uly = parallel.peak_bytes_per_rank("ulysses", q, k, v, 2, "zigzag", causal=True)
+    for name, peaks, scores in (("ring", ring, whole / 4), ("ulysses", uly, whole / 2)):
+        for r, peak in enumerate(peaks):
+            assert 1 <= peak / scores < 4, f"{name} rank {r}: peak {peak} is {peak / scores:.2f} score matrices"
+    assert max(ring) < one / 3 and max(uly) < one / 1.5, (one, ring, uly)

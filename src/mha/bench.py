@@ -168,6 +168,9 @@ def peak_memory_bytes(fn: Callable[[], object], device: str = "cpu") -> int:
     CUDA: torch.cuda.max_memory_allocated. CPU: torch has no peak counter and tracemalloc
     cannot see torch's allocator, so we replay torch.profiler's allocation record: each op's
     own allocations count from its start, its frees at its end, and we take the running max.
+    The profiler books a free at the end of the innermost op that encloses it, so inside a
+    long Python-level op (an autograd Function's forward, a record_function block) frees all
+    land at its end and the peak comes out too high: measure the code it wraps instead.
     """
     if device.startswith("cuda"):
         torch.cuda.synchronize()

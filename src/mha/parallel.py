@@ -511,6 +511,38 @@ def rank_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch
     return {**result, **_on_cpu(result), **stats}
 
 
+def memory_worker(rank: int, world_size: int, kind: str, q: torch.Tensor, k: torch.Tensor,
+                  v: torch.Tensor, layout: str = "contiguous", causal: bool = False) -> int:
+    """Peak bytes this rank allocates during its forward (`bench.peak_memory_bytes`), shards given.
+
+    It runs the rank's generator under `run_rank` directly, not through `RingAttention`: the
+    profiler books every free inside a Python-level op such as an autograd Function at that op's
+    end, which would add up all of the ring's steps instead of the largest one.
+    """
+    from .bench import peak_memory_bytes
+
+    pos = rank_positions(q.shape[2], world_size, layout)[rank]
+    mine = [shard(t, world_size, layout)[rank] for t in (q, k, v)]  # (B, h, T / W, d_k) each
+    if kind == "ring":
+        work = lambda: run_rank(ring_rank(*mine, pos, world_size, causal), "ring")  # noqa: E731
+    else:
+        work = lambda: run_rank(ulysses_rank(*mine, pos, world_size, causal, rank=rank),  # noqa: E731
+                                "all_to_all")
+    with torch.no_grad():
+        return peak_memory_bytes(work)
+
+
+def peak_bytes_per_rank(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        world_size: int, layout: str = "contiguous", causal: bool = False,
+                        timeout_s: float = 60.0) -> list[int]:
+    """Each rank's measured peak allocation in bytes during the forward, on world_size processes."""
+    from .launch import run_workers
+
+    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
+    return run_workers(memory_worker, world_size, (kind, q, k, v, layout, causal),
+                       timeout_s=timeout_s)
+
+
 def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module, x: torch.Tensor,
                   layout: str = "contiguous", causal: bool = False,
                   dout: torch.Tensor | None = None) -> dict:
