@@ -5,7 +5,8 @@ queries it streams over blocks of keys and values, keeps a running row max `m`, 
 sum `ell` (the paper's l) of exp(score - m) and an unnormalised output `acc`, rescales both
 when the max grows, and divides once at the end. FlashAttention-2 (Dao 2023) puts the query
 blocks in the outer loop, as here, and keeps the row logsumexp m + log(ell) for the
-backward pass. Memory is O(block_q * block_k) per step instead of O(T * S).
+backward pass (`flash_attention_backward`: key blocks outside, P recomputed tile by tile from
+the logsumexp). Memory is O(block_q * block_k) per step instead of O(T * S).
 
 The state (m, ell, acc) is the whole story, so it has its own small API: `empty_state`, one
 update per block of keys (`_update`, shared by both attention functions below), `merge_states`
@@ -296,6 +297,82 @@ def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None,
         # one division at the end; a row with nothing allowed (ell = 0) stays 0, like steps.softmax
         out[:, t0:t1], lse[:, t0:t1] = _finish(state)
     return out, lse
+
+
+def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
+                             lse: np.ndarray, dout: np.ndarray, causal: bool = False,
+                             mask: np.ndarray | None = None, block_q: int | None = None,
+                             block_k: int | None = None, offset: int = 0,
+                             budget: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """FlashAttention-2's backward: the gradients of `flash_attention` from its out and lse alone.
+
+    q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v), out and dout (B, h, T, d_v), lse
+    (B, h, T) -> (dq, dk, dv) in the shapes of q, k, v. Nothing of size (T, S) is kept: each
+    tile's P = exp(scores - lse) is recomputed, and delta = rowsum(dout * out) stands in for
+    the sum over all keys of P * dP (15_backward_pass.ipynb). Loop order of FA-2's backward:
+    key blocks outside (each owns its dk, dv, written once), query blocks inside (dq is added
+    to from every key block; FA-2 uses atomic adds for it). Arguments as in `flash_attention`.
+    """
+    B, h, T, S, d_k = _check_qkv(q, k, v)
+    d_v = shape_of(v)[-1]
+    for name, a, want in (("out", out, (B, h, T, d_v)), ("dout", dout, (B, h, T, d_v)),
+                          ("lse", lse, (B, h, T))):
+        require_float(name, a)
+        if shape_of(a) != want:
+            raise ValueError(f"{name} must have shape {want} (from q, k, v), got {shape_of(a)}")
+    offset = _require_offset(offset)
+    dtype = np.result_type(q, k, v, dout)
+    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize, budget)
+    block_q = auto_q if block_q is None else require_int("block_q", block_q)
+    block_k = auto_k if block_k is None else require_int("block_k", block_k)
+    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    delta = (dout * out).sum(axis=-1)  # (B, h, T): FA-2's preprocessing step, one number a row
+    g = _heads_per_step(max(h, 1), block_q, block_k, max(d_k, d_v), dtype.itemsize, budget)
+    dq, dk, dv = np.zeros_like(q, dtype=dtype), np.zeros_like(k, dtype=dtype), np.zeros_like(v, dtype=dtype)
+    for b in range(B):
+        for h0 in range(0, h, g):
+            hs = slice(h0, min(h0 + g, h))
+            mask_g = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
+                                                      hs if mask4.shape[1] > 1 else slice(None)]
+            _tiled_backward(q[b, hs], k[b, hs], v[b, hs], lse[b, hs], dout[b, hs], delta[b, hs],
+                            mask_g, causal, offset, block_q, block_k,
+                            (dq[b, hs], dk[b, hs], dv[b, hs]))  # written in place: no copies
+    return dq, dk, dv
+
+
+def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray,
+                    dout: np.ndarray, delta: np.ndarray, mask: np.ndarray | None, causal: bool,
+                    offset: int, block_q: int, block_k: int,
+                    grads: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
+    """flash_attention_backward for g heads of one batch item: q (g, T, d_k), ...; fills grads.
+
+    grads = (dq (g, T, d_k) zeroed, dk (g, S, d_k), dv (g, S, d_v)), views of the full arrays.
+    """
+    T, d_k = q.shape[1], q.shape[2]
+    S = k.shape[1]
+    dtype = np.result_type(q, k, v, dout)
+    scale = np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)
+    base = np.where(np.isfinite(lse), lse, 0.0)[..., None]  # (g, T, 1): rows with no key get P = 0
+    dq, dk, dv = grads  # dq is added to by every key block
+    for s0 in range(0, S, block_k):  # outer loop: one block of keys, its dk and dv stay here
+        s1 = min(s0 + block_k, S)
+        kj, vj = k[:, s0:s1], v[:, s0:s1]  # (g, bk, d_k), (g, bk, d_v)
+        dk_j, dv_j = np.zeros_like(kj, dtype=dtype), np.zeros_like(vj, dtype=dtype)
+        first = max(0, s0 - offset) // block_q * block_q if causal else 0  # skip tiles above the diagonal
+        for t0 in range(first, T, block_q):  # inner loop: stream the query blocks
+            t1 = min(t0 + block_q, T)
+            scores = (q[:, t0:t1] * scale) @ kj.swapaxes(-1, -2)  # (g,bq,d_k) @ (g,d_k,bk) -> (g,bq,bk)
+            allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
+            if allowed is not None:
+                np.copyto(scores, -np.inf, where=~allowed)  # masked keys had weight 0 forward
+            p = np.exp(scores - base[:, t0:t1])  # (g, bq, bk): this tile's share of each whole row
+            do_i = dout[:, t0:t1]  # (g, bq, d_v)
+            dv_j += p.swapaxes(-1, -2) @ do_i  # (g,bk,bq) @ (g,bq,d_v) -> (g,bk,d_v)
+            dp = do_i @ vj.swapaxes(-1, -2)  # (g,bq,d_v) @ (g,d_v,bk) -> (g,bq,bk)
+            ds = p * (dp - delta[:, t0:t1, None]) * scale  # (g, bq, bk): d of the unscaled q k^T
+            dq[:, t0:t1] += ds @ kj  # (g,bq,bk) @ (g,bk,d_k) -> (g,bq,d_k)
+            dk_j += ds.swapaxes(-1, -2) @ q[:, t0:t1]  # (g,bk,bq) @ (g,bq,d_k) -> (g,bk,d_k)
+        dk[:, s0:s1], dv[:, s0:s1] = dk_j, dv_j
 
 
 def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,

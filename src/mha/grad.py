@@ -215,6 +215,22 @@ def record_forward(module: MultiHeadAttention, x: np.ndarray, context: np.ndarra
     return Tape(ctx, q, k, v, allowed, weights, merged, out)
 
 
+def core_backward(dheads: np.ndarray, q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                  weights: np.ndarray, allowed: np.ndarray | None = None, *,
+                  steps: BackwardSteps = REFERENCE_STEPS) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Steps 6 back to 3 from the forward's saved weights (B, h, T, S): -> (dq, dk, dv) of the core.
+
+    dheads (B, h, T, d_v) is the gradient at the core's output; q (B, h, T, d_k), k (B, h, S, d_k),
+    v (B, h, S, d_v) and `allowed` (None or broadcasting to (B, h, T, S)) are the forward's.
+    """
+    dweights, dv = steps.weighted_sum_backward(dheads, weights, v)  # 6) (B,h,T,S), (B,h,S,d_v)
+    dscores = steps.softmax_backward(dweights, weights)  # 5) (B, h, T, S)
+    if allowed is not None:
+        dscores = steps.apply_mask_backward(dscores, allowed)  # 4) nothing reaches a masked score
+    dq, dk = steps.scaled_scores_backward(dscores, q, k)  # 3) (B,h,T,d_k), (B,h,S,d_k)
+    return dq, dk, dv
+
+
 def backward(module: MultiHeadAttention, x: np.ndarray, dout: np.ndarray,
              context: np.ndarray | None = None, causal: bool = False,
              mask: np.ndarray | None = None, *, steps: BackwardSteps = REFERENCE_STEPS) -> Grads:
@@ -227,11 +243,7 @@ def backward(module: MultiHeadAttention, x: np.ndarray, dout: np.ndarray,
     require_shape("dout", dout, tuple(zip(("B", "T", "d_model"), shape_of(t.out), strict=True)))
     dmerged, dWo, dbo = steps.linear_backward(dout, t.merged, module.Wo)  # 7) (B, T, d_model)
     dheads = steps.merge_heads_backward(dmerged, module.n_heads)  # 7) -> (B, h, T, d_k)
-    dweights, dv = steps.weighted_sum_backward(dheads, t.weights, t.v)  # 6) (B,h,T,S), (B,h,S,d_k)
-    dscores = steps.softmax_backward(dweights, t.weights)  # 5) (B, h, T, S)
-    if t.allowed is not None:
-        dscores = steps.apply_mask_backward(dscores, t.allowed)  # 4) nothing reaches a masked score
-    dq, dk = steps.scaled_scores_backward(dscores, t.q, t.k)  # 3) (B,h,T,d_k), (B,h,S,d_k)
+    dq, dk, dv = core_backward(dheads, t.q, t.k, t.v, t.weights, t.allowed, steps=steps)  # 6-3)
     dq, dk, dv = (steps.split_heads_backward(g) for g in (dq, dk, dv))  # 2) -> (B, T|S, d_model)
     dx, dWq, dbq = steps.linear_backward(dq, x, module.Wq)  # 1) q was read from x ...
     dctx_k, dWk, dbk = steps.linear_backward(dk, t.ctx, module.Wk)  # ... k and v from the context

@@ -1,0 +1,127 @@
+"""FlashAttention-2's backward (mha.flash.flash_attention_backward) against mha.grad and torch autograd."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from mha import bench, flash, grad, steps
+
+
+def _case(seed, B, h, T, S, d_k, d_v, dtype=np.float64):
+    rng = np.random.default_rng(seed)
+    q, k = rng.normal(size=(B, h, T, d_k)), rng.normal(size=(B, h, S, d_k))
+    v, dout = rng.normal(size=(B, h, S, d_v)), rng.normal(size=(B, h, T, d_v))
+    return [a.astype(dtype) for a in (q, k, v, dout)]
+
+
+def _allowed(T, S, causal, offset, mask):
+    """The boolean mask of the forward, (.., T, S), or None."""
+    allowed = steps.causal_mask(T, S, offset=offset) if causal else None
+    if mask is not None:
+        allowed = mask if allowed is None else allowed & mask
+    return allowed
+
+
+def _autograd(q, k, v, dout, allowed):
+    """dq, dk, dv by torch autograd through softmax attention in float64 (masked rows give 0)."""
+    leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (q, k, v)]
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, h, T, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~torch.as_tensor(allowed), float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1), nan=0.0)  # no key: weight 0
+    return [g.numpy() for g in torch.autograd.grad(weights @ leaves[2], leaves, torch.tensor(dout))]
+
+
+def _max_err(got, want):
+    return max(float(np.abs(g - w).max(initial=0.0)) for g, w in zip(got, want, strict=True))
+
+
+@settings(max_examples=60, deadline=None)
+@given(T=st.integers(1, 23), S=st.integers(1, 23), bq=st.integers(1, 9), bk=st.integers(1, 9),
+       d_k=st.integers(1, 6), d_v=st.integers(1, 6), causal=st.booleans(),
+       offset=st.integers(-4, 4), masked=st.booleans(), seed=st.integers(0, 2**16))
+def test_equals_torch_autograd_for_any_shapes_blocks_and_masks(T, S, bq, bk, d_k, d_v, causal,
+                                                               offset, masked, seed):
+    q, k, v, dout = _case(seed, 2, 2, T, S, d_k, d_v)
+    mask = np.random.default_rng(seed + 1).random((2, 1, T, S)) > 0.3 if masked else None
+    offset = offset if causal else 0
+    out, lse = flash.flash_attention(q, k, v, causal, mask, bq, bk, offset)
+    got = flash.flash_attention_backward(q, k, v, out, lse, dout, causal, mask, bq, bk, offset)
+    err = _max_err(got, _autograd(q, k, v, dout, _allowed(T, S, causal, offset, mask)))
+    assert err < 1e-12, f"T={T} S={S} blocks {bq}x{bk} causal={causal} offset={offset}: {err:.3g}"
+
+
+@pytest.mark.parametrize("causal,masked", [(False, False), (True, False), (True, True)])
+def test_equals_the_step_backwards_of_mha_grad(causal, masked):
+    q, k, v, dout = _case(3, 2, 3, 17, 13, 8, 8)
+    mask = np.random.default_rng(4).random((17, 13)) > 0.2 if masked else None
+    allowed = _allowed(17, 13, causal, 0, mask)
+    scores = steps.scaled_scores(q, k)  # (B, h, T, S)
+    if allowed is not None:
+        scores = steps.apply_mask(scores, allowed)
+    weights = steps.softmax(scores)  # (B, h, T, S): what the naive backward keeps
+    want = grad.core_backward(dout, q, k, v, weights, allowed)
+    out, lse = flash.flash_attention(q, k, v, causal, mask, block_q=4, block_k=5)
+    got = flash.flash_attention_backward(q, k, v, out, lse, dout, causal, mask, block_q=4, block_k=5)
+    assert _max_err(got, want) < 1e-12
+
+
+def test_float32_stays_within_the_error_of_the_float32_steps():
+    q, k, v, dout = _case(5, 1, 2, 64, 64, 16, 16, np.float32)
+    golden = _autograd(q, k, v, dout, steps.causal_mask(64, 64))  # float64
+    allowed = steps.causal_mask(64, 64)
+    weights = steps.softmax(steps.apply_mask(steps.scaled_scores(q, k), allowed))  # float32
+    naive = grad.core_backward(dout, q, k, v, weights, allowed)
+    out, lse = flash.flash_attention(q, k, v, causal=True, block_q=16, block_k=16)
+    got = flash.flash_attention_backward(q, k, v, out, lse, dout, causal=True, block_q=16, block_k=16)
+    for name, g, n, w in zip("qkv", got, naive, golden, strict=True):
+        assert g.dtype == np.float32, f"d{name}: expected float32, got {g.dtype}"
+        ref_err = float(np.abs(n.astype(np.float64) - w).max())  # the naive float32 backward's error
+        err = float(np.abs(g.astype(np.float64) - w).max())
+        assert err <= 4 * ref_err + 1e-6, f"d{name}: tiled error {err:.3g} vs naive {ref_err:.3g}"
+
+
+def test_the_planted_mistakes_are_caught():
+    """A backward that reuses a stale logsumexp, or forms delta without O, is far off."""
+    q, k, v, dout = _case(6, 1, 2, 12, 12, 4, 4)
+    want = _autograd(q, k, v, dout, steps.causal_mask(12, 12))
+    out, lse = flash.flash_attention(q, k, v, causal=True, block_q=4, block_k=4)
+    for name, o, ls in (("lse off by one", out, lse + 1.0), ("delta without O", np.ones_like(out), lse)):
+        bad = flash.flash_attention_backward(q, k, v, o, ls, dout, causal=True, block_q=4, block_k=4)
+        assert _max_err(bad, want) > 1e-2, f"the check could not tell: {name}"
+
+
+def test_memory_the_tiled_backward_keeps_o_and_lse_not_the_weights():
+    """tracemalloc: the naive backward needs (B, h, T, S) arrays, the tiled one a few tiles."""
+    B, h, T, d = 1, 2, 512, 16
+    q, k, v, dout = _case(7, B, h, T, T, d, d)
+    allowed = steps.causal_mask(T, T)
+    weights = steps.softmax(steps.apply_mask(steps.scaled_scores(q, k), allowed))
+    out, lse = flash.flash_attention(q, k, v, causal=True, block_q=64, block_k=64)
+    kept_naive, kept_tiled = weights.nbytes, out.nbytes + lse.nbytes
+    assert kept_naive == B * h * T * T * 8 and kept_tiled == B * h * T * (d + 1) * 8  # formulas
+    naive = bench.numpy_peak_bytes(lambda: grad.core_backward(dout, q, k, v, weights, allowed))
+    tiled = bench.numpy_peak_bytes(lambda: flash.flash_attention_backward(
+        q, k, v, out, lse, dout, causal=True, block_q=64, block_k=64))
+    grads = 3 * B * h * T * d * 8  # dq, dk, dv themselves
+    tile = B * h * 64 * 64 * 8  # one (g, bq, bk) float64 tile
+    assert naive >= 2 * kept_naive, f"naive peak {naive} below two (T, S) arrays"
+    assert tiled <= grads + 8 * tile + B * h * T * 8 * 2, f"tiled peak {tiled} holds more than tiles"
+    assert tiled < naive / 4
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(lse=np.zeros((1, 2, 5))), r"lse must have shape \(1, 2, 4\)"),
+    (dict(dout=np.zeros((1, 2, 4, 3))), r"dout must have shape \(1, 2, 4, 4\)"),
+    (dict(out=np.zeros((1, 2, 4), dtype=np.int64)), "out"),
+])
+def test_bad_input_names_what_was_expected(kwargs, match):
+    q, k, v, dout = _case(8, 1, 2, 4, 6, 4, 4)
+    out, lse = flash.flash_attention(q, k, v)
+    args = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout) | kwargs
+    with pytest.raises((ValueError, TypeError), match=match):
+        flash.flash_attention_backward(**args)
