@@ -62,13 +62,13 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     are shared, as `repeat_kv` lays them out). `mask` is boolean, True = may attend, and
     `bias` is added to the scaled scores before the mask (ALiBi, relative positions); both
     broadcast to (B, h, T, S). Every module, position scheme, cache and variant ends here.
-    float16 inputs are computed in float32 and the results cast back (see `_compute_dtype`).
+    float16 inputs are computed in float32 and the results cast back (see `compute_dtype`).
     """
     require_shape("k", k, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
     h, h_kv = shape_of(q)[1], shape_of(k)[1]
     if h_kv != h:
         k, v = (repeat_kv(a, _group(h, h_kv)) for a in (k, v))  # (B, h, S, d_k): shared heads
-    dtype, work = q.dtype, _compute_dtype(q.dtype)
+    dtype, work = q.dtype, compute_dtype(q.dtype)
     if work != dtype:  # float16: the scores q.k overflow its 65504 long before the inputs do
         q, k, v = (a.astype(work) for a in (q, k, v))  # (B, h, T|S, d_k) in float32
     scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
@@ -81,7 +81,7 @@ def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | No
     return out.astype(dtype, copy=False), weights.astype(dtype, copy=False)  # back to the input's
 
 
-def _compute_dtype(dtype: np.dtype) -> np.dtype:
+def compute_dtype(dtype: np.dtype) -> np.dtype:
     """The dtype steps 3-6 run in: float32 for float16 inputs, else the inputs' own dtype.
 
     float16's largest number is 65504: q and k entries of a few hundred already give scores past

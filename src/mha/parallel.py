@@ -24,7 +24,7 @@ from typing import Any
 
 import torch
 
-from .torch_mha import attention, attention_lse, masked_scores, repeat_kv
+from .torch_mha import attention, attention_lse, compute_dtype, masked_scores, repeat_kv, upcast
 
 LAYOUTS = ("contiguous", "zigzag")
 
@@ -123,8 +123,9 @@ def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
     """
     rule = causal_rule(causal) if rule is None else rule
     B, h, T_r, d_k = q.shape
-    out = torch.zeros_like(q)  # (B, h, T_r, d_k): no keys yet ...
-    lse = torch.full((B, h, T_r), float("-inf"), dtype=q.dtype, device=q.device)  # ... no mass
+    work = compute_dtype(q.dtype)  # float32 for bfloat16 / float16: merge in float32, round once
+    out = torch.zeros_like(q, dtype=work)  # (B, h, T_r, d_k): no keys yet ...
+    lse = torch.full((B, h, T_r), float("-inf"), dtype=work, device=q.device)  # ... no mass
     k_pos = pos
     for step in range(world_size):
         allowed, bias = rule(pos, k_pos)  # (.., T_r, T_r) or None each
@@ -135,7 +136,7 @@ def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
                 stats["blocks"] = stats.get("blocks", 0) + 1
         if step < world_size - 1:
             k, v, k_pos = yield (k, v, k_pos)  # send on, receive the left neighbour's block
-    return out, lse
+    return out.to(q.dtype), lse
 
 
 def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
@@ -148,6 +149,8 @@ def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch
     block's share of the whole row; delta = rowsum(dout * out) (B, h, T) stands in for the sum
     over every key of P * dP.
     """
+    dtype = k.dtype
+    q, k, v, lse, dout, delta, bias = upcast(q, k, v, lse, dout, delta, bias)  # float32 if low
     kr, vr = _full_heads(q, k, v)  # (B, h, S, d_k)
     base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # rows with no key: P = 0
     p = torch.exp(masked_scores(q, kr, allowed, bias) - base[..., None])  # (B, h, T, S)
@@ -158,7 +161,7 @@ def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch
     dv = p.transpose(-2, -1) @ dout  # (B,h,S,T) @ (B,h,T,d_k) -> (B,h,S,d_k)
     B, h_kv, S, d_k = k.shape
     fold = (B, h_kv, q.shape[1] // h_kv, S, d_k)  # a shared K/V head sums its group's gradients
-    return dq, dk.reshape(fold).sum(2), dv.reshape(fold).sum(2)  # (B, h_kv, S, d_k)
+    return dq, dk.reshape(fold).sum(2).to(dtype), dv.reshape(fold).sum(2).to(dtype)  # (B, h_kv, S, d_k)
 
 
 def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
@@ -176,8 +179,8 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
     """
     rule = causal_rule(causal) if rule is None else rule
     block_grads = block_backward if block_grads is None else block_grads
-    delta = (dout * out).sum(-1)  # (B, h, T_r): rowsum(dO * O), 15_backward_pass.ipynb
-    dq = torch.zeros_like(q)  # (B, h, T_r, d_k)
+    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, h, T_r): rowsum(dO * O), lesson 15
+    dq = torch.zeros_like(q, dtype=lse.dtype)  # (B, h, T_r, d_k), summed in float32 if low
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # (B, h_kv, T_r, d_k): the held block's
     k_pos = pos
     for step in range(world_size):
@@ -191,7 +194,7 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
             k, v, k_pos, dk, dv = yield (k, v, k_pos, dk, dv)  # the block and its gradient move on
     if world_size > 1:
         dk, dv = yield (dk, dv)  # one more step: each block's gradient reaches its owner
-    return dq, dk, dv
+    return dq.to(q.dtype), dk, dv
 
 
 def ulysses_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,

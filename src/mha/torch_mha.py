@@ -94,12 +94,39 @@ def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None
     return scores
 
 
+LOW_PRECISION = (torch.float16, torch.bfloat16)
+"""Input dtypes the manual path computes in float32 (`compute_dtype`)."""
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype steps 3-6 of the manual path run in: float32 for float16 / bfloat16, else dtype.
+
+    Mixed precision as the fused kernels do it: the scores, the softmax and the weighted sum
+    accumulate in float32, and only the results are rounded back to the input's dtype. A
+    bfloat16 softmax would round every score to 8 significant bits first (and float16's scores
+    overflow past 65504). The numpy twin does the same for float16 (`numpy_mha.compute_dtype`).
+    """
+    return torch.float32 if dtype in LOW_PRECISION else dtype
+
+
+def upcast(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
+    """Each tensor in the dtype the manual path computes in (None stays None)."""
+    return [None if t is None or not t.is_floating_point() else t.to(compute_dtype(t.dtype))
+            for t in tensors]
+
+
 def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                      allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S))."""
+    """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S)).
+
+    float16 / bfloat16 inputs are computed in float32 and both results rounded back once.
+    """
+    dtype = q.dtype
+    q, k, v, bias = upcast(q, k, v, bias)
     weights = safe_softmax(masked_scores(q, k, allowed, bias))  # 5) (B, h, T, S), rows sum to 1 (or 0)
-    return weights @ v, weights  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+    out = weights @ v  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
+    return out.to(dtype), weights.to(dtype)
 
 
 def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -109,7 +136,10 @@ def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
 
     out is normalised over this block only; lse = log sum_s exp(score_s) is what merging blocks
     needs (`mha.parallel.merge_partials`). A row with no allowed key gives out 0 and lse -inf.
+    Both come in `compute_dtype` (float32 for float16 / bfloat16 inputs): they are partial
+    results, to be merged first and rounded once at the end, as FlashAttention keeps its lse.
     """
+    q, k, v, bias = upcast(q, k, v, bias)  # float16 / bfloat16: float32, as manual_attention
     scores = masked_scores(q, k, allowed, bias)  # (B, h, T, S)
     out = safe_softmax(scores) @ v  # (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k), as manual_attention
     return out, torch.logsumexp(scores, dim=-1)  # (B, h, T): -inf where every key is masked
