@@ -179,7 +179,7 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
     """
     rule = causal_rule(causal) if rule is None else rule
     block_grads = block_backward if block_grads is None else block_grads
-    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, h, T_r): rowsum(dO * O), lesson 15
+    delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, h, T_r): rowsum(dO * O), 15_backward_pass.ipynb
     dq = torch.zeros_like(q, dtype=lse.dtype)  # (B, h, T_r, d_k), summed in float32 if low
     dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # (B, h_kv, T_r, d_k): the held block's
     k_pos = pos

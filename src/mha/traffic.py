@@ -1,0 +1,134 @@
+"""Where the time goes on a GPU: the HBM bytes and FLOPs of attention, and the roofline.
+
+A kernel needs at least max(FLOPs / peak FLOP/s, bytes / bandwidth) seconds. Their ratio,
+the arithmetic intensity (FLOPs per byte of HBM traffic), decides which bound it meets: below
+the accelerator's ridge point (peak / bandwidth) it waits for memory, above it for arithmetic.
+
+The counts, all for one attention core (B batch, h heads, T queries, S keys, d = d_k = d_v,
+`itemsize` bytes per element; lse and delta in float32):
+- `forward_math`: the materialised path (FlashAttention's "standard attention"): scores written
+  to HBM and read back for the softmax, the weights written and read back for P V. The mask
+  does not save work there: the whole (T, S) is computed and stored.
+- `forward_tiled`: FlashAttention-2's forward, one query block at a time. `reuse=False` counts
+  every re-read of a K/V tile from HBM (each query block streams the keys again: an upper
+  bound); `reuse=True` counts q, k, v read and out written once, as when the re-reads hit the
+  L2 cache (the lower bound). Causal tiles above the diagonal are skipped (`flash.tile_schedule`).
+- `backward_tiled`: FlashAttention-2's backward: 5 matmuls per tile (the scores recomputed, then
+  dV, dP, dQ, dK) where the forward has 2, so 2.5x the forward's FLOPs; q, dout, lse and delta
+  re-read per tile and dq read and written back in float32 (FA-2's atomic adds), or, with
+  reuse, every tensor read or written once.
+- decoding: `kv_cache.decode_step_cost` (one new token reads the whole cache).
+
+Accelerators: `H100_SXM` and `H200_SXM`, dense bf16 tensor-core peaks and HBM bandwidths from
+NVIDIA's data sheets (same GH100 chip, 132 SMs, up to 228 KiB of shared memory per SM; the H200
+has HBM3e at 4.8 TB/s instead of HBM3 at 3.35 TB/s).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .flash import SKIPPED, tile_schedule
+from .kv_cache import H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S
+from .validate import require_int
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """Peak dense bf16 FLOP/s, HBM bytes/s and on-chip memory of one GPU."""
+
+    name: str
+    peak_flops: float
+    bandwidth: float
+    sram_per_sm: int  # bytes of shared memory one SM's program may use
+    n_sm: int
+
+    @property
+    def ridge(self) -> float:
+        """FLOPs per byte above which a kernel is bound by arithmetic, not by memory."""
+        return self.peak_flops / self.bandwidth
+
+    def attainable(self, intensity: float) -> float:
+        """The roofline: the most FLOP/s a kernel of this intensity can reach, min(peak, I * bandwidth)."""
+        return min(self.peak_flops, intensity * self.bandwidth)
+
+
+H100_SXM = Accelerator("H100 SXM", H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S, 228 * 1024, 132)
+"""NVIDIA H100 SXM5: 989 TFLOP/s dense bf16 (the data sheet's 1,979 is with 2:4 sparsity),
+3.35 TB/s HBM3; 228 KiB shared memory per SM is compute capability 9.0's limit (CUDA C++
+Programming Guide, "Technical Specifications per Compute Capability")."""
+
+H200_SXM = Accelerator("H200 SXM", H100_SXM_BF16_FLOPS, 4.8e12, 228 * 1024, 132)
+"""NVIDIA H200 SXM: the same GH100 compute (989 TFLOP/s dense bf16; "1,979 TFLOPS" with
+sparsity in the data sheet) with 141 GB of HBM3e at 4.8 TB/s."""
+
+ACCELERATORS = (H100_SXM, H200_SXM)
+
+
+@dataclass(frozen=True)
+class Traffic:
+    """FLOPs and HBM bytes of one kernel."""
+
+    flops: int
+    bytes: int
+
+    @property
+    def intensity(self) -> float:
+        """FLOPs per byte of HBM traffic."""
+        return self.flops / self.bytes
+
+    def seconds(self, acc: Accelerator) -> float:
+        """The roofline's lower bound on the time: max(FLOPs / peak, bytes / bandwidth)."""
+        return max(self.flops / acc.peak_flops, self.bytes / acc.bandwidth)
+
+    def bound(self, acc: Accelerator) -> str:
+        """"memory" or "compute": the bound this kernel meets on `acc`."""
+        return "memory" if self.intensity < acc.ridge else "compute"
+
+
+LSE_BYTES = 4  # lse and delta stay float32 whatever the inputs' dtype
+
+
+def _check(B: int, h: int, T: int, S: int, d: int, itemsize: int) -> None:
+    for name, value in (("B", B), ("h", h), ("T", T), ("S", S), ("d", d), ("itemsize", itemsize)):
+        require_int(name, value)
+
+
+def forward_math(B: int, h: int, T: int, S: int, d: int, itemsize: int) -> Traffic:
+    """The materialised forward: QK^T written, read by the softmax, P written, read by P V."""
+    _check(B, h, T, S, d, itemsize)
+    per_head = (T * d + S * d + T * S)  # read q, k; write the scores (T, S)
+    per_head += 2 * T * S  # softmax: read the scores, write the weights
+    per_head += T * S + S * d + T * d  # read the weights and v, write the output
+    return Traffic(4 * B * h * T * S * d, itemsize * B * h * per_head)  # causal: still all of (T, S)
+
+
+def _tiles(T: int, S: int, block_q: int, block_k: int, causal: bool) -> int:
+    """The (block_q, block_k) tiles a tiled kernel computes: all, or those not above the diagonal."""
+    kinds = tile_schedule(T, S, block_q, block_k, causal=causal, offset=S - T if causal else 0)
+    return int((kinds != SKIPPED).sum())
+
+
+def forward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal: bool = False,
+                  block_q: int = 128, block_k: int = 64, reuse: bool = False) -> Traffic:
+    """FlashAttention-2's forward: q read and out, lse written once; K/V tiles once per computed tile (or once, reuse)."""
+    _check(B, h, T, S, d, itemsize)
+    tiles = _tiles(T, S, block_q, block_k, causal)
+    flops = 4 * B * h * tiles * block_q * block_k * d  # 2 matmuls of 2 bq bk d FLOPs per tile
+    once = itemsize * (2 * T * d) + LSE_BYTES * T  # q read, out written, lse written
+    kv = itemsize * 2 * S * d if reuse else itemsize * 2 * tiles * block_k * d  # K and V tiles
+    return Traffic(flops, B * h * (once + kv))
+
+
+def backward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal: bool = False,
+                   block_q: int = 128, block_k: int = 64, reuse: bool = False) -> Traffic:
+    """FlashAttention-2's backward (key blocks outside): FLOPs 2.5x the forward's, bytes as in the module docstring."""
+    _check(B, h, T, S, d, itemsize)
+    tiles = _tiles(T, S, block_q, block_k, causal)
+    flops = 10 * B * h * tiles * block_q * block_k * d  # 5 matmuls of 2 bq bk d FLOPs per tile
+    if reuse:  # read q, k, v, out, dout, lse, delta once; write dq, dk, dv once
+        nbytes = itemsize * (3 * T * d + 2 * S * d + T * d + 2 * S * d) + 2 * LSE_BYTES * T
+    else:  # per key block: K, V read and dK, dV written; per tile: q, dout, lse, delta read, dq in float32 read + written
+        nbytes = itemsize * 4 * S * d + tiles * (itemsize * 2 * block_q * d + 2 * LSE_BYTES * block_q
+                                                 + 2 * LSE_BYTES * block_q * d)
+    return Traffic(flops, B * h * nbytes)
