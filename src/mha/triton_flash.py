@@ -54,6 +54,21 @@ def _interpreted() -> Iterator[None]:
             os.environ["TRITON_INTERPRET"] = before
 
 
+@contextlib.contextmanager
+def _explained() -> Iterator[None]:
+    """Turn the interpreter's failure after an earlier compiled-mode import of triton into advice."""
+    try:
+        yield
+    except Exception as exc:
+        if "outside of the scope of a kernel" not in str(exc):
+            raise
+        raise RuntimeError(
+            "triton was imported in this process before TRITON_INTERPRET=1 was set (torch.compile "
+            "can do that), so its tl.max / tl.sum are compiled-mode functions the interpreter "
+            "cannot call. Start Python with TRITON_INTERPRET=1 (e.g. TRITON_INTERPRET=1 jupyter "
+            "lab) or call mha.triton_flash before anything else uses triton.") from exc
+
+
 @functools.cache
 def _kernel():
     """Define the kernel once (in Triton's interpreter when there is no CUDA device)."""
@@ -142,7 +157,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     out = torch.empty_like(qc)  # (B, h, T, d_k)
     lse = torch.empty((B, h, T), dtype=torch.float32, device=q.device)
     grid = (cdiv(T, block_q), B * h)  # one program per (query block, batch x head)
-    with _interpreted():
+    with _interpreted(), _explained():
         kernel[grid](qc, kc, vc, out, lse, T, S, int(offset), 1.0 / math.sqrt(d),
                      CAUSAL=bool(causal), BLOCK_Q=block_q, BLOCK_K=block_k, D=d,
                      UPCAST=q.dtype in (torch.bfloat16, torch.float16) and not torch.cuda.is_available())
