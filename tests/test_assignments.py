@@ -217,6 +217,62 @@ PLANTED["A7_ring_attention"] = [
             "that leaves out each query's own key"),
 ]
 
+PLANTED["A8_flash_attention"] = [
+    planted("update-no-rescale", "a8-update", "alpha = np.exp(m - base)", "alpha = 1.0",
+            "a8-update-tests", "matches planted mistake 'no_rescale'"),
+    planted("update-ell-only", "a8-update", "acc = alpha * acc + p @ v_block", "acc = acc + p @ v_block",
+            "a8-update-tests", "matches planted mistake 'rescale_ell_only'"),
+    planted("update-nan-empty", "a8-update", "base = np.where(np.isfinite(m_new), m_new, 0.0)",
+            "base = m_new", "a8-update-tests", "matches planted mistake 'nan_empty'"),
+    planted("update-block-max", "a8-update", "m_new = np.maximum(m, scores.max(axis=-1, keepdims=True))",
+            "m_new = scores.max(axis=-1, keepdims=True)", "a8-update-tests",
+            "matches planted mistake 'block_max'"),
+    planted("update-normalised", "a8-update", "    return m_new, ell, acc",
+            "    return m_new, ell, acc / np.where(ell > 0, ell, 1.0)", "a8-update-tests",
+            "matches planted mistake 'normalised'"),
+    planted("forward-local-mask", "a8-forward",
+            "allowed = np.arange(s0, s1)[None, :] <= np.arange(t0, t1)[:, None] + offset  # (bq, bk)",
+            "allowed = np.tril(np.ones((t1 - t0, s1 - s0), dtype=bool))  # (bq, bk)", "a8-forward-tests",
+            "matches planted mistake 'local_mask'"),
+    planted("forward-ragged-dropped", "a8-forward", "for t0 in range(0, T, block_q):",
+            "for t0 in range(0, T - T % block_q, block_q):", "a8-forward-tests",
+            "the last, shorter tile was dropped"),
+    planted("forward-no-division", "a8-forward",
+            "out[:, :, t0:t1] = np.divide(acc, ell, out=np.zeros_like(acc), where=ell > 0)",
+            "out[:, :, t0:t1] = acc", "a8-forward-tests", "matches planted mistake 'no_division'"),
+    planted("forward-divide-by-zero", "a8-forward",
+            "out[:, :, t0:t1] = np.divide(acc, ell, out=np.zeros_like(acc), where=ell > 0)",
+            "out[:, :, t0:t1] = acc / ell", "a8-forward-tests", "matches planted mistake 'divide_by_zero'"),
+    planted("forward-lse-is-m", "a8-forward", "(m + np.log(ell))[..., 0]  # -inf", "m[..., 0]  # -inf",
+            "a8-forward-tests", "matches planted mistake 'lse_is_m'"),
+    planted("forward-unscaled", "a8-forward", " / math.sqrt(d_k)  # (B, h, bq, bk)", "  # (B, h, bq, bk)",
+            "a8-forward-tests", "matches planted mistake 'unscaled'"),
+    planted("backward-delta-dout", "a8-backward", "delta = (dout * out).sum(axis=-1)",
+            "delta = dout.sum(axis=-1)", "a8-backward-tests", "matches planted mistake 'delta_from_dout'"),
+    planted("backward-delta-tile", "a8-backward", "ds = p * (dp - delta[:, :, t0:t1, None]) * scale",
+            "ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True)) * scale", "a8-backward-tests",
+            "matches planted mistake 'delta_from_tile'"),
+    planted("backward-p-tile", "a8-backward", "p = np.exp(scores - base[:, :, t0:t1])",
+            "p = np.exp(scores - scores.max(axis=-1, keepdims=True))\n"
+            "            p = p / p.sum(axis=-1, keepdims=True)", "a8-backward-tests",
+            "P was normalised over this tile's keys alone"),
+    planted("backward-unscaled", "a8-backward", "ds = p * (dp - delta[:, :, t0:t1, None]) * scale",
+            "ds = p * (dp - delta[:, :, t0:t1, None])", "a8-backward-tests",
+            "matches planted mistake 'unscaled_grads'"),
+    planted("backward-overwritten", "a8-backward", "dk[:, :, s0:s1] += ds.swapaxes",
+            "dk[:, :, s0:s1] = ds.swapaxes", "a8-backward-tests", "add (+=) over the query blocks"),
+    planted("backward-local-mask", "a8-backward",
+            "allowed = np.arange(s0, s1)[None, :] <= np.arange(t0, t1)[:, None] + offset\n",
+            "allowed = np.tril(np.ones((t1 - t0, s1 - s0), dtype=bool))\n", "a8-backward-tests",
+            "matches planted mistake 'local_mask'"),
+    planted("bytes-ts-twice", "a8-bytes", "elements += 2 * T * S  # 2)", "elements += 0  # 2)",
+            "a8-bytes-tests", "matches planted mistake 'ts_twice'"),
+    planted("bytes-no-v", "a8-bytes", "elements += T * S + S * d + T * d", "elements += T * S + T * d",
+            "a8-bytes-tests", "matches planted mistake 'no_k_or_v'"),
+    planted("bytes-no-itemsize", "a8-bytes", "return itemsize * elements", "return elements",
+            "a8-bytes-tests", "matches planted mistake 'no_itemsize'"),
+]
+
 # Reaching for the reference: the part earns nothing and the summary names student, part and
 # the reference reached. (student, cell, old, new, part, reference named in the summary)
 CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
@@ -308,6 +364,22 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "    from mha import parallel\n    return parallel.causal_work(T, world_size, layout)\n"
          "    if layout == \"zigzag\":\n", "a7-pairs-tests", "mha.parallel.causal_work"),
     ],
+    "A8_flash_attention": [
+        ("cheat-update", "a8-update", "    m_new = np.maximum(",
+         "    from mha import flash\n    return flash._update((m, ell, acc.copy()), scores.copy(), v_block)\n"
+         "    m_new = np.maximum(", "a8-update-tests", "mha.flash._update"),
+        ("cheat-flash-attention", "a8-forward", "    B, h, T, d_k = q.shape\n",
+         "    from mha import flash\n    return flash.flash_attention(q, k, v, causal=causal, block_q=block_q, "
+         "block_k=block_k, offset=offset)\n    B, h, T, d_k = q.shape\n", "a8-forward-tests",
+         "mha.flash.flash_attention"),
+        ("cheat-flash-backward", "a8-backward", "    T, d_k = q.shape[2], q.shape[3]\n",
+         "    from mha import flash\n    return flash.flash_attention_backward(q, k, v, out, lse, dout, "
+         "causal=causal, block_q=block_q, block_k=block_k, offset=offset)\n"
+         "    T, d_k = q.shape[2], q.shape[3]\n", "a8-backward-tests", "mha.flash.flash_attention_backward"),
+        ("cheat-forward-math", "a8-bytes", "    elements = T * d",
+         "    from mha import traffic\n    return traffic.forward_math(1, 1, T, S, d, itemsize).bytes\n"
+         "    elements = T * d", "a8-bytes-tests", "mha.traffic.forward_math"),
+    ],
 }
 
 # Correct work in other styles, and what must not cost points.
@@ -338,6 +410,15 @@ KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, ne
         ("pairs-as-tensor", "a7-pairs", "return [int((p + 1).sum()) for p in pos]",
          "return torch.stack([(p + 1).sum() for p in pos])"),
     ],
+    "A8_flash_attention": [
+        ("update-einsum", "a8-update", "acc = alpha * acc + p @ v_block",
+         "acc = alpha * acc + np.einsum('...rk,...kd->...rd', p, v_block)"),
+        ("forward-every-tile", "a8-forward", "                break  # this tile",
+         "                pass  # this tile"),  # computing the hidden tiles too: slower, same answer
+        ("backward-einsum", "a8-backward", "dq[:, :, t0:t1] += ds @ kj",
+         "dq[:, :, t0:t1] += np.einsum('bhqk,bhkd->bhqd', ds, kj)"),
+        ("bytes-as-float", "a8-bytes", "return itemsize * elements", "return float(itemsize * elements)"),
+    ],
 }
 
 # A part that does not compile costs only its own points; later parts run on the reference.
@@ -350,6 +431,8 @@ BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only pa
                       "a6-ring-tests"),
     "A7_ring_attention": ("a7-merge", "    return share_a * out_a + share_b * out_b, lse",
                           "    return share_a * out_a + share_b * out_b, lse)", "a7-merge-tests"),
+    "A8_flash_attention": ("a8-update", "    return m_new, ell, acc", "    return m_new, ell, acc)",
+                           "a8-update-tests"),
 }
 
 LOOPS = {  # a solution cell whose function never returns: the part is cut off, the rest graded
@@ -366,6 +449,7 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
     "A6_generation": ("a6-positions", "return np.where(pos >= 0, pos, -1)",
                       "return np.where(pos >= 0, pos, 0)", "a6-positions-tests"),
     "A7_ring_attention": ("a7-positions", "if T % (2 * W):", "if T % W:", "a7-positions-tests"),
+    "A8_flash_attention": ("a8-bytes", "return itemsize * elements", "return elements", "a8-bytes-tests"),
 }
 
 
@@ -725,6 +809,31 @@ class TestA7(CombinedPart, AssignmentContract):
                     exec(run, ns)
             else:
                 exec(run, ns)  # parts 3-5 and their hidden tests: no error
+
+
+class TestA8(CombinedPart, AssignmentContract):
+    """The tiled forward is built from the online update: it runs with the reference one."""
+
+    name = "A8_flash_attention"
+
+    def test_a_wrong_earlier_part_costs_nothing_later(self):
+        """Cell by cell in one namespace, as a kernel runs it: an update that never rescales fails its
+        own test, and the forward's hidden tests, run with the reference update, still pass."""
+        nb = nbformat.read(COURSE / "source" / self.name / f"{self.name}.ipynb", as_version=4)
+        wrong = {p.cell: p for p in PLANTED[self.name] if p.student == "update-no-rescale"}
+        ns: dict = {}
+        for cell in nb.cells:
+            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
+            if cell.cell_type != "code" or gid is None:
+                continue
+            src = _edit(cell.source, wrong[gid]) if gid in wrong else cell.source
+            run = compile(src, f"<ipython-input-{gid}>", "exec")
+            if gid == "a8-update-tests":
+                with pytest.raises(AssertionError, match="planted mistake"):
+                    exec(run, ns)
+            else:
+                exec(run, ns)  # the forward, backward, bytes and their hidden tests: no error
+
 
 def test_every_assignment_has_a_contract():
     names = sorted(p.name for p in (COURSE / "source").iterdir() if p.is_dir())

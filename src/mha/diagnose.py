@@ -55,6 +55,17 @@ class Diagnosis:
 
 
 # ---- comparing outputs ------------------------------------------------------------------------
+def run_student(fn: Callable, *args) -> tuple[Any, str | None]:
+    """(fn's value, None), or (None, what went wrong) if a student's function raised."""
+    try:
+        with np.errstate(all="ignore"):
+            return fn(*args), None
+    except NotImplementedError:
+        return None, "is not written yet (it raises NotImplementedError): replace that line with your code"
+    except Exception as e:  # a student's code may raise anything: report it, do not crash
+        return None, f"raised {type(e).__name__}: {e}"
+
+
 def _to_numpy(a: Any) -> Any:
     """A torch tensor becomes a numpy array (float16 and bfloat16 as float32); else unchanged."""
     if hasattr(a, "detach") and hasattr(a, "cpu"):

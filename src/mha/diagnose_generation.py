@@ -35,21 +35,11 @@ import numpy as np
 
 from . import checks, compose
 from .diagnose import Diagnosis, _to_numpy
+from .diagnose import run_student as _run
 from .generate import cache_bytes_formula as _bytes_formula  # bound at import: a grader's
 from .generate import generate as _generate  # diagnose.refusing(generate, ...) cannot reach them
 from .kv_cache import KVCache
 from .validate import shape_of
-
-
-def _run(fn: Callable, *args) -> tuple[Any, str | None]:
-    """(fn's value, None), or (None, what went wrong) if it raised."""
-    try:
-        with np.errstate(all="ignore"):
-            return fn(*args), None
-    except NotImplementedError:
-        return None, "is not written yet (it raises NotImplementedError): replace that line with your code"
-    except Exception as e:  # a student's code may raise anything: report it, do not crash
-        return None, f"raised {type(e).__name__}: {e}"
 
 
 def _ints(out: Any, what: str) -> tuple[np.ndarray | None, str | None]:
