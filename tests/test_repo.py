@@ -99,7 +99,7 @@ def test_lessons_refer_to_one_another_by_links_that_resolve():
             if re.fullmatch(r"\d\d_[a-z0-9_]+\.ipynb", path):
                 assert (ROOT / "notebooks" / path).exists(), f"{stem} links {target}: no such lesson"
         prose = re.sub(r"`[^`]*`", "", link.sub("", text))  # links and code spans taken out
-        plain = re.search(r"\b[Nn]otebooks? \d\d\b", prose)
+        plain = re.search(r"\b(?:[Nn]otebooks?|[Ll]essons?) \d\d\b", prose)
         assert plain is None, (f"{stem} names a lesson by number without a link: "
                                f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")
 
@@ -132,6 +132,6 @@ def test_assignments_link_the_lessons_they_build_on_and_the_links_resolve():
                 if target.endswith(".ipynb"):
                     assert (path.parent / target).resolve().exists(), f"{path.name} links {target}: no such file"
             prose = re.sub(r"`[^`]*`", "", link.sub("", cell.source))
-            plain = re.search(r"\b[Nn]otebooks? \d\d\b", prose)
+            plain = re.search(r"\b(?:[Nn]otebooks?|[Ll]essons?) \d\d\b", prose)
             assert plain is None, (f"{path.name} names a lesson by number without a link: "
                                    f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")

@@ -256,21 +256,35 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
     B, h, T, S, d_k = _check_qkv(q, k, v)
     offset = _require_offset(offset)
     dtype = np.result_type(q, k, v)
-    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize, budget)
+    block_q, block_k, cells = _plan(B, h, T, S, d_k, dtype.itemsize, mask, block_q, block_k, budget)
+    out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
+    lse = np.full((B, h, T), -np.inf, dtype=dtype)  # (B, h, T)
+    for b, heads, mask_g in cells:  # FA-2's grid is (batch, head, query block): each cell independent
+        out[b, heads], lse[b, heads] = _tiled(q[b, heads], k[b, heads], v[b, heads], mask_g,
+                                              causal, offset, block_q, block_k)  # (g, T, d_v)
+    return out, lse
+
+
+def _plan(B: int, h: int, T: int, S: int, d: int, itemsize: int, mask: np.ndarray | None,
+          block_q: int | None, block_k: int | None, budget: int | None) -> tuple[int, int, list]:
+    """Tile sizes and the grid: (block_q, block_k, [(b, slice of heads, their mask or None)]).
+
+    Blocks left None are picked by `choose_blocks`; heads go together while their tiles fit the
+    budget (`_heads_per_step`); the mask is reshaped to (B|1, h|1, T, S) and sliced per cell.
+    """
+    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d, itemsize, budget)
     block_q = auto_q if block_q is None else require_int("block_q", block_q)
     block_k = auto_k if block_k is None else require_int("block_k", block_k)
     mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
-    g = _heads_per_step(max(h, 1), block_q, block_k, d_k, dtype.itemsize, budget)  # heads per step
-    out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
-    lse = np.full((B, h, T), -np.inf, dtype=dtype)  # (B, h, T)
-    for b in range(B):  # FA-2's grid is (batch, head, query block): each cell is independent
+    g = _heads_per_step(max(h, 1), block_q, block_k, d, itemsize, budget)  # heads per step
+    cells = []
+    for b in range(B):
         for h0 in range(0, h, g):
             heads = slice(h0, min(h0 + g, h))
-            mask_g = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
-                                                      heads if mask4.shape[1] > 1 else slice(None)]
-            out[b, heads], lse[b, heads] = _tiled(q[b, heads], k[b, heads], v[b, heads], mask_g,
-                                                  causal, offset, block_q, block_k)  # (g, T, d_v)
-    return out, lse
+            cell_mask = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
+                                                         heads if mask4.shape[1] > 1 else slice(None)]
+            cells.append((b, heads, cell_mask))
+    return block_q, block_k, cells
 
 
 def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool,
@@ -322,21 +336,14 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: n
             raise ValueError(f"{name} must have shape {want} (from q, k, v), got {shape_of(a)}")
     offset = _require_offset(offset)
     dtype = np.result_type(q, k, v, dout)
-    auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d_k, dtype.itemsize, budget)
-    block_q = auto_q if block_q is None else require_int("block_q", block_q)
-    block_k = auto_k if block_k is None else require_int("block_k", block_k)
-    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    block_q, block_k, cells = _plan(B, h, T, S, max(d_k, d_v), dtype.itemsize, mask, block_q,
+                                    block_k, budget)
     delta = (dout * out).sum(axis=-1)  # (B, h, T): FA-2's preprocessing step, one number a row
-    g = _heads_per_step(max(h, 1), block_q, block_k, max(d_k, d_v), dtype.itemsize, budget)
     dq, dk, dv = np.zeros_like(q, dtype=dtype), np.zeros_like(k, dtype=dtype), np.zeros_like(v, dtype=dtype)
-    for b in range(B):
-        for h0 in range(0, h, g):
-            hs = slice(h0, min(h0 + g, h))
-            mask_g = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
-                                                      hs if mask4.shape[1] > 1 else slice(None)]
-            _tiled_backward(q[b, hs], k[b, hs], v[b, hs], lse[b, hs], dout[b, hs], delta[b, hs],
-                            mask_g, causal, offset, block_q, block_k,
-                            (dq[b, hs], dk[b, hs], dv[b, hs]))  # written in place: no copies
+    for b, hs, mask_g in cells:
+        _tiled_backward(q[b, hs], k[b, hs], v[b, hs], lse[b, hs], dout[b, hs], delta[b, hs],
+                        mask_g, causal, offset, block_q, block_k,
+                        (dq[b, hs], dk[b, hs], dv[b, hs]))  # written in place: no copies
     return dq, dk, dv
 
 
