@@ -64,19 +64,22 @@ COMMANDS = """() => Object.fromEntries(['nbgrader:open-assignment-list', 'nbgrad
 
 
 def _wait_http(url: str, proc: subprocess.Popen, log: Path, timeout: float = 120) -> None:
-    """Wait until url answers (any HTTP status), or fail with the log if proc exits."""
+    """Wait until url answers 200, or fail with the log if proc exits.
+
+    Any status is not enough: the proxy answers 404 until the hub has added its route, and a
+    browser sent to /hub/login in that gap gets the 404 page (a CI run failed that way)."""
     deadline = time.time() + timeout
     while time.time() < deadline:
         try:
-            urllib.request.urlopen(url, timeout=5).close()
-            return
-        except urllib.error.HTTPError:
-            return
-        except OSError:
-            if proc.poll() is not None:
-                raise RuntimeError(f"jupyterhub exited ({proc.returncode}):\n"
-                                   + log.read_text()[-6000:]) from None
-            time.sleep(0.3)
+            with urllib.request.urlopen(url, timeout=5) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:  # refused, or an HTTPError such as the proxy's 404
+            pass
+        if proc.poll() is not None:
+            raise RuntimeError(f"jupyterhub exited ({proc.returncode}):\n"
+                               + log.read_text()[-6000:])
+        time.sleep(0.3)
     raise TimeoutError(f"{url} did not answer within {timeout} s:\n" + log.read_text()[-6000:])
 
 
