@@ -75,7 +75,15 @@ def nbgrader(*args: str, root: Path = ROOT) -> subprocess.CompletedProcess:
 
 
 def release(names: list[str], root: Path = ROOT) -> None:
-    """Generate the student version of each assignment into release/ (and the gradebook)."""
+    """Generate the student version of each assignment into release/ (and the gradebook).
+
+    All of them in one nbgrader run when `names` is every assignment (nbgrader's own "*"):
+    8.6 s instead of 27.5 s for eight, most of it nbgrader starting; the same files and gradebook.
+    """
+    if sorted(names) == assignments(root):
+        print(f"release: {len(names)} assignments in one nbgrader run")
+        nbgrader("generate_assignment", "*", "--force", root=root)
+        return
     for name in tqdm(names, desc="release", unit="assignment"):
         nbgrader("generate_assignment", name, "--force", root=root)
 
