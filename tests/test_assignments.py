@@ -542,7 +542,7 @@ def _course(*args: str, root: Path) -> subprocess.CompletedProcess:
     return proc
 
 
-def test_cell_problems(nb) -> list[str]:
+def failing_test_cells(nb) -> list[str]:
     """Graded test cells of an autograded notebook that failed, or that printed a value.
 
     A test cell whose last line is an expression leaves an execute_result, which nbgrader reads
@@ -569,10 +569,10 @@ def test_the_test_cell_check_catches_a_failure_and_a_printed_value():
     error = nbformat.v4.new_output("error", ename="AssertionError", evalue="wrong", traceback=[])
     value = nbformat.v4.new_output("execute_result", data={"text/plain": "'ok'"}, execution_count=1)
     shown = nbformat.v4.new_output("stream", name="stdout", text="ok\n")
-    assert test_cell_problems(nbformat.v4.new_notebook(cells=[cell(shown)])) == []
-    assert test_cell_problems(nbformat.v4.new_notebook(cells=[cell(error)])) == [
+    assert failing_test_cells(nbformat.v4.new_notebook(cells=[cell(shown)])) == []
+    assert failing_test_cells(nbformat.v4.new_notebook(cells=[cell(error)])) == [
         "p-tests: AssertionError: wrong"]
-    assert "takes as a score: \"'ok'\"" in test_cell_problems(nbformat.v4.new_notebook(
+    assert "takes as a score: \"'ok'\"" in failing_test_cells(nbformat.v4.new_notebook(
         cells=[cell(value)]))[0]
 
 
@@ -658,7 +658,7 @@ class AssignmentContract:
         # (the source's answers in the release, hidden tests put back) instead of one more kernel.
         nb = nbformat.read(graded.root / "autograded" / "full" / self.name / f"{self.name}.ipynb",
                            as_version=4)
-        assert not test_cell_problems(nb), test_cell_problems(nb)
+        assert not failing_test_cells(nb), failing_test_cells(nb)
 
     def test_release_hides_solutions_and_hidden_tests(self, graded):
         text = nbformat.writes(graded.release)
