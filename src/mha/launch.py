@@ -170,8 +170,9 @@ def _context() -> Any:
     ctx = tmp.get_context("forkserver")
     # Import torch once in the server, so W ranks do not each pay ~3 s for it. Only takes effect
     # when the server starts (first call in this process). The server runs no torch op, so it
-    # has one thread, no OpenMP pool, when it forks a rank.
-    ctx.set_forkserver_preload(["torch", "torch.distributed", __name__])
+    # has one thread, no OpenMP pool, when it forks a rank. torch._dynamo too (2.5 s, no thread):
+    # the profiler that bench.peak_memory_bytes uses imports it on first use, 2.7 s in every rank.
+    ctx.set_forkserver_preload(["torch", "torch.distributed", "torch._dynamo", __name__])
     return ctx
 
 
