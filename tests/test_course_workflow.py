@@ -127,3 +127,46 @@ def test_a3_answer_key_in_the_hidden_tests_matches_the_suspects():
     deal = planted._deal(seed)
     assert len(found) == 8, found
     assert found == [deal[label] for label in "AABBCCDD"], (found, deal)
+
+
+class _Runner:
+    """Stands in for course.nbgrader: records each call and grades as told."""
+
+    def __init__(self, dest: Path, fail: dict[int, tuple[str, set[str]]]):
+        self.dest, self.fail, self.calls = dest, fail, []
+
+    def __call__(self, *args: str, root: Path):
+        self.calls.append(args)
+        name = args[1]
+        students = [args[args.index("--student") + 1]] if "--student" in args else ["ann", "ben"]
+        message, failed = self.fail.get(len(self.calls), ("", set()))
+        for s in students:
+            if s not in failed:
+                out = self.dest / "autograded" / s / name
+                out.mkdir(parents=True, exist_ok=True)
+                (out / f"{name}.ipynb").write_text("{}")
+        if failed:
+            raise RuntimeError(f"nbgrader autograde {name} failed (1):\n{message}")
+
+
+class _Bar:
+    def update(self, n: int) -> None:
+        pass
+
+
+def test_a_kernel_that_did_not_start_is_graded_again_and_other_failures_are_raised(tmp_path):
+    share = [(A1, "ann"), (A1, "ben")]
+    start = "RuntimeError: Kernel didn't respond in 60 seconds"
+    run = _Runner(tmp_path / "a", {1: (start, {"ben"})})
+    course._run_worker(tmp_path / "a", share, _Bar(), run=run)
+    assert run.calls == [("autograde", A1, "--force"), ("autograde", A1, "--student", "ben", "--force")]
+
+    run = _Runner(tmp_path / "b", {1: ("nbformat.reader.NotJSONError", {"ben"})})
+    with pytest.raises(RuntimeError, match="NotJSONError"):
+        course._run_worker(tmp_path / "b", share, _Bar(), run=run)
+    assert len(run.calls) == 1, "a failure that is not a kernel start is not retried"
+
+    run = _Runner(tmp_path / "c", {1: (start, {"ben"}), 2: (start, {"ben"})})
+    with pytest.raises(RuntimeError, match="Kernel didn't respond"):
+        course._run_worker(tmp_path / "c", share, _Bar(), run=run)
+    assert len(run.calls) == 2, "one more try, not more"

@@ -237,10 +237,29 @@ def _prepare_worker(dest: Path, jobs: list[tuple[str, str]], root: Path) -> Path
     return dest
 
 
-def _run_worker(dest: Path, share: list[tuple[str, str]], bar) -> None:
-    """Autograde every submission in one worker's course, assignment by assignment."""
+# What nbclient says when a kernel never came up (a busy machine, a port another process took);
+# nothing about the submission, so such a submission is graded once more.
+KERNEL_START_FAILURES = ("Kernel didn't respond in", "Kernel died before replying")
+
+
+def _run_worker(dest: Path, share: list[tuple[str, str]], bar, run=nbgrader) -> None:
+    """Autograde every submission in one worker's course, assignment by assignment.
+
+    A submission whose kernel did not start is graded once more, on its own; any other
+    failure, or a second failed start, is raised with nbgrader's log. `run`: nbgrader's runner.
+    """
     for name in sorted({n for n, _ in share}):
-        nbgrader("autograde", name, "--force", root=dest)
+        try:
+            run("autograde", name, "--force", root=dest)
+        except RuntimeError as err:
+            missing = [s for n, s in share if n == name and not
+                       (dest / "autograded" / s / name / f"{name}.ipynb").exists()]
+            if not missing or not any(m in str(err) for m in KERNEL_START_FAILURES):
+                raise
+            print(f"{name}: a kernel did not start for {', '.join(missing)}; grading "
+                  f"{'it' if len(missing) == 1 else 'them'} again", file=sys.stderr)
+            for student in missing:
+                run("autograde", name, "--student", student, "--force", root=dest)
         bar.update(sum(n == name for n, _ in share))
 
 
