@@ -35,7 +35,7 @@ def test_pip_settings_take_the_install_sections_with_the_environment_winning():
 
 def test_each_setting_becomes_the_uv_option_pip_would_have_used():
     options, env = install.uv_options(install.pip_settings(LISTING), ["-r", "requirements.txt"])
-    pairs = list(zip(options[::1], options[1:], strict=False))
+    pairs = list(zip(options, options[1:], strict=False))
     for flag, value in [("--extra-index-url", "file:///opt/pypi/simple"),
                         ("--extra-index-url", "file:///opt/pypi-more/simple"),
                         ("--find-links", "/opt/wheels"), ("--constraint", "/etc/pip/constraints.txt"),

@@ -92,7 +92,7 @@ def _run(cmd: list[str], env: dict[str, str] | None = None) -> int:
 
 def _pip(args: Sequence[str]) -> int:
     """pip install args, with its progress bar unless -q."""
-    bar = [] if "-q" in args or "--dry-run" in args else ["--progress-bar", "on"]
+    bar = [] if "-q" in args else ["--progress-bar", "on"]
     return _run([sys.executable, "-m", "pip", "--disable-pip-version-check", "install", *bar, *args])
 
 
