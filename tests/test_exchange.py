@@ -8,9 +8,10 @@ releases the feedback; each student fetches their own feedback, and the one with
 sees the part they lost and why.
 
 Needs root (useradd/userdel; commands run as the new users); CI runs as root. The users
-must be able to run this checkout's .venv: where a folder on the way to the interpreter or
-the repository is closed to others (pyenv under /root, say), the test grants its users
-traverse-only access with an ACL entry (setfacl, Debian package `acl`) and removes it after.
+must be able to run this checkout's .venv and read its hub config: where a folder on the way
+to the interpreter or the repository, or the repository's own folder, is closed to others
+(pyenv under /root, a checkout in a 0700 folder), the test grants its users traverse-only
+access with an ACL entry (setfacl, Debian package `acl`) and removes it after.
 """
 
 from __future__ import annotations
@@ -83,10 +84,12 @@ class User:
 
 
 def _closed_ancestors(paths: list[Path]) -> list[Path]:
-    """Folders on the way to `paths` that other users may not traverse (no o+x)."""
+    """Folders other users may not traverse (no o+x) on the way to `paths`, and each of
+    `paths` that is itself such a folder: reaching a folder means reaching into it too (the
+    students read the hub's config inside the checkout, which may be a 0700 folder)."""
     closed = []
     for path in paths:
-        for folder in [*reversed(path.parents)]:
+        for folder in [*reversed(path.parents), *([path] if path.is_dir() else [])]:
             if not os.stat(folder).st_mode & stat.S_IXOTH and folder not in closed:
                 closed.append(folder)
     return closed
@@ -334,3 +337,18 @@ def test_release_fetch_submit_collect_grade_and_feedback_between_unix_users(reco
         assert lost == {(BROKEN, lost_part)}, f"lost parts: {sorted(lost)}"
 
     lap.report(f"exchange cycle, 1 teacher + {len(STUDENTS)} students")
+
+
+def test_a_closed_checkout_folder_is_opened_as_well_as_its_parents(tmp_path):
+    """A checkout in a 0700 folder: its users must traverse the folder itself, not only above it."""
+    checkout = tmp_path / "open" / "checkout"
+    (checkout / "notebooks").mkdir(parents=True)
+    (tmp_path / "open").chmod(0o755)
+    checkout.chmod(0o700)
+    file = checkout / "notebooks" / "x.ipynb"
+    file.write_text("{}")
+    closed = _closed_ancestors([checkout, file])
+    assert checkout in closed, f"{checkout} (mode 0700) missing from {closed}"
+    assert tmp_path / "open" not in closed and checkout / "notebooks" not in closed
+    assert file not in closed, "a file is read, not traversed: only folders get the ACL entry"
+
