@@ -258,9 +258,17 @@ def test_a_cache_from_another_module_is_refused(rng):
         windowed(x, causal=True, cache=mha_.new_cache(1, 4))
 
 
-def test_a_window_larger_than_the_cache_is_refused():
-    with pytest.raises(ValueError, match=r"window=8 is larger than the cache \(max_len=4\)"):
-        numpy_mha.MultiHeadAttention(D, H, window=8).new_cache(1, 4)
+def test_a_window_larger_than_the_cache_takes_max_len_slots(rng):
+    """Mistral's window (4,096) on a short generation: the ring never wraps, so max_len slots do."""
+    m = numpy_mha.MultiHeadAttention(D, H, window=8, seed=3)
+    cache = m.new_cache(2, 4)
+    assert (cache.window, cache.slots, cache.K.shape[2]) == (8, 4, 4)
+    assert cache.nbytes == 2 * 2 * H * 4 * (D // H) * 8
+    x = rng.normal(size=(2, 4, D))
+    outs = [m(x[:, t:t + 1], causal=True, cache=cache) for t in range(4)]
+    np.testing.assert_allclose(np.concatenate(outs, 1), m(x, causal=True), rtol=0, atol=TOL)
+    with pytest.raises(ValueError, match="holds at most max_len=4 positions; 4 are used"):
+        m(x[:, :1], causal=True, cache=cache)
     with pytest.raises(ValueError, match="window=3 is a causal band"):
         numpy_mha.MultiHeadAttention(D, H, window=3)(np.zeros((1, 2, D)))
 

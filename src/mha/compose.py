@@ -18,6 +18,8 @@ for a left-padded batch). Shape legend: B batch, T queries, S keys, h heads, d_k
 
 from __future__ import annotations
 
+import math
+import numbers
 from dataclasses import dataclass
 from typing import Any
 
@@ -52,30 +54,87 @@ class Options:
         return ", ".join(parts)
 
 
+def require_bool(name: str, value: Any) -> bool:
+    """Return value as a bool if it is True or False (numpy's too), else raise TypeError."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
+    return bool(value)
+
+
+def require_rope_base(rope_base: Any) -> float:
+    """RoPE's base as a float: a finite real number > 1 (theta_i = base^(-2i/d_k) must fall)."""
+    if isinstance(rope_base, bool | np.bool_) or not isinstance(rope_base, numbers.Real):
+        raise TypeError(f"rope_base must be a real number > 1 (the usual one is 10000.0), got "
+                        f"{type(rope_base).__name__} {rope_base!r}")
+    if not (math.isfinite(rope_base) and rope_base > 1):
+        raise ValueError(f"rope_base must be a finite number > 1 (the usual one is 10000.0; at "
+                         f"<= 1 the pairs no longer turn slower one after another), got {rope_base!r}")
+    return float(rope_base)
+
+
 def check_options(n_heads: int, d_k: int, n_kv_heads: int | None = None, rope: str | None = None,
                   rope_base: float = 10000.0, alibi: bool = False,
                   window: int | None = None) -> Options:
-    """Validate a module's options against its n_heads and d_k; return them as Options."""
+    """Validate a module's options against its n_heads and d_k; return them as Options.
+
+    Every option is checked, used or not (a NaN rope_base without rope is still a mistake).
+    """
     n_kv = n_heads if n_kv_heads is None else require_int("n_kv_heads", n_kv_heads)
     if n_heads % n_kv:
         valid = ", ".join(str(d) for d in range(1, n_heads + 1) if n_heads % d == 0)
         raise ValueError(f"n_kv_heads={n_kv} must divide n_heads={n_heads} (each key/value head "
                          f"serves n_heads / n_kv_heads query heads); n_kv_heads could be one of {valid}")
+    if rope is not None and not isinstance(rope, str):
+        raise TypeError(f"rope must be None or one of {PAIRINGS}, got {type(rope).__name__} {rope!r}")
     if rope is not None:
         if rope not in PAIRINGS:
             raise ValueError(f"rope must be None or one of {PAIRINGS}, got {rope!r}")
         if d_k % 2:
             raise ValueError(f"RoPE turns features in pairs, so d_k = d_model / n_heads must be "
                              f"even, got d_k={d_k}")
-    if not isinstance(alibi, bool):
-        raise TypeError(f"alibi must be True or False, got {alibi!r}")
+    rope_base = require_rope_base(rope_base)
+    alibi = require_bool("alibi", alibi)
     window = None if window is None else require_int("window", window)
-    return Options(n_kv, rope, float(rope_base), alibi, window)
+    return Options(n_kv, rope, rope_base, alibi, window)
 
 
 def _arange(n: int, like: Any) -> Any:
     """0..n-1 as int64, numpy or torch (on like's device) to match `like`."""
     return torch.arange(n, device=like.device) if is_torch(like) else np.arange(n)
+
+
+def as_positions(positions: Any) -> Any:
+    """An array or tensor as it is; a (nested) list or tuple of ints as an int64 numpy array.
+
+    Lists give the same answer as the array they spell; anything that is not whole numbers
+    (floats, bools, text, ragged rows) is refused with what arrived.
+    """
+    if hasattr(positions, "shape") and hasattr(positions, "dtype"):
+        return positions
+    if not isinstance(positions, list | tuple):
+        raise TypeError(f"positions must be an int array (T,) or (B, T), or a list of ints, got "
+                        f"{type(positions).__name__} {positions!r}")
+    flat = list(_leaves(positions))
+    bad = next((v for v in flat if isinstance(v, bool | np.bool_)
+                or not isinstance(v, int | np.integer)), None)
+    if bad is not None or not flat:
+        what = "nothing" if not flat else f"{type(bad).__name__} {bad!r}"
+        raise TypeError(f"positions must be whole numbers, one per token, got a list holding {what}")
+    try:
+        return np.array(positions, dtype=np.int64)
+    except ValueError:  # ragged rows
+        raise ValueError(f"positions must be (T,) or (B, T): rows of one length, got rows of "
+                         f"lengths {[len(r) if isinstance(r, list | tuple) else 1 for r in positions]}"
+                         ) from None
+
+
+def _leaves(x: Any) -> Any:
+    """The non-list items of a nested list or tuple, in order."""
+    for v in x:
+        if isinstance(v, list | tuple):
+            yield from _leaves(v)
+        else:
+            yield v
 
 
 def query_positions(positions: Any, B: int, T: int, cache: Any, like: Any) -> Any:
@@ -88,6 +147,7 @@ def query_positions(positions: Any, B: int, T: int, cache: Any, like: Any) -> An
         if cache is None or len(cache) == 0:
             return _arange(T, like)  # (T,)
         return cache.next_positions()[:, None] + _arange(T, like)  # (B, 1) + (T,) -> (B, T)
+    positions = as_positions(positions)
     got = shape_of(positions)
     if len(got) not in (1, 2) or got[-1] != T or (len(got) == 2 and got[0] != B):
         raise ValueError(f"positions must be (T={T},) or (B={B}, T={T}), one whole number per "

@@ -115,11 +115,10 @@ class _Cache:
         self.B, self.n_heads = require_int("B", B), require_int("n_heads", n_heads)
         self.max_len, self.d_k = require_int("max_len", max_len), require_int("d_k", d_k)
         self.window = None if window is None else require_int("window", window)
-        if self.window is not None and self.window > self.max_len:
-            raise ValueError(f"window={self.window} is larger than the cache (max_len="
-                             f"{self.max_len}): a plain cache of max_len already keeps every key")
         self.dtype, self.length = self._dtype(dtype), 0
-        self.slots = self.max_len if self.window is None else self.window  # ring of `window` slots
+        # a ring of `window` slots; a window longer than max_len never wraps in max_len tokens,
+        # so max_len slots keep every key it can reach (Mistral's 4,096 for a short generation)
+        self.slots = self.max_len if self.window is None else min(self.window, self.max_len)
         shape = (self.B, self.n_heads, self.slots, self.d_k)  # (B, h_kv, slots, d_k)
         self.K, self.V = self._zeros(shape, self.dtype, device), self._zeros(shape, self.dtype, device)
         self.positions = self._zeros((self.B, self.slots), "int64", device) + EMPTY  # (B, slots)
@@ -136,7 +135,8 @@ class _Cache:
     def nbytes(self) -> int:
         """Memory of K and V together: 2 * B * h_kv * slots * d_k * itemsize (allocated, not used).
 
-        slots = max_len, or `window` for a rolling cache. The positions add B * slots * 8 bytes.
+        slots = max_len, or min(window, max_len) for a rolling cache. The positions add
+        B * slots * 8 bytes.
         """
         return 2 * self.B * self.n_heads * self.slots * self.d_k * self.dtype.itemsize
 
@@ -150,9 +150,9 @@ class _Cache:
         """Store k, v (B, h, t_new, d_k) at positions (B, t_new); return (K, V, key positions) to read.
 
         A plain cache returns views of slots 0..S-1 (they change with the next update). A rolling
-        cache returns its `window` slots followed by the new chunk, (B, h, window + t_new, d_k),
-        then keeps only the newest `window` keys. Every check runs before the first write, so a
-        bad chunk leaves the cache unchanged.
+        cache returns its slots followed by the new chunk, (B, h, slots + t_new, d_k), then keeps
+        only the newest `slots` keys (slots = min(window, max_len)). Every check runs before the
+        first write, so a bad chunk leaves the cache unchanged.
         """
         t_new = self._check_chunk(k, v)
         positions = self._check_positions(positions, t_new)
@@ -162,10 +162,10 @@ class _Cache:
             self.positions[:, start:stop] = positions
             self.length = stop
             return self.K[:, :, :stop], self.V[:, :, :stop], self.positions[:, :stop]
-        K, V = self._cat(self.K, k, 2), self._cat(self.V, v, 2)  # (B, h, window + t_new, d_k)
-        pos = self._cat(self.positions, positions, 1)  # (B, window + t_new)
-        keep = min(t_new, self.window)  # only the newest `window` keys can be read again
-        slots = [(self.length + t_new - keep + i) % self.window for i in range(keep)]
+        K, V = self._cat(self.K, k, 2), self._cat(self.V, v, 2)  # (B, h, slots + t_new, d_k)
+        pos = self._cat(self.positions, positions, 1)  # (B, slots + t_new)
+        keep = min(t_new, self.slots)  # only the newest `slots` keys can be read again
+        slots = [(self.length + t_new - keep + i) % self.slots for i in range(keep)]
         self.K[:, :, slots], self.V[:, :, slots] = k[:, :, t_new - keep:], v[:, :, t_new - keep:]
         self.positions[:, slots] = positions[:, t_new - keep:]
         self.length += t_new

@@ -110,6 +110,19 @@ def _broadcast(name: str, a: np.ndarray, scores: np.ndarray) -> np.ndarray:
     return a
 
 
+def float_dtype(dtype) -> np.dtype:
+    """dtype as a numpy floating-point dtype (float16, float32, float64), else TypeError."""
+    try:
+        dt = np.dtype(dtype)
+    except TypeError:
+        dt = None
+    if dt is None or not np.issubdtype(dt, np.floating):
+        shown = repr(dtype) if dt is None else str(dt)
+        raise TypeError(f"dtype must be a floating-point type, got {shown} "
+                        f"(np.float16, np.float32 or np.float64)")
+    return dt
+
+
 class MultiHeadAttention:
     """Multi-head attention forward pass in plain numpy, with the production features as options.
 
@@ -130,10 +143,8 @@ class MultiHeadAttention:
                                              alibi, window)
         self.n_kv_heads = self.options.n_kv_heads
         self.group = self.n_heads // self.n_kv_heads  # g query heads per key/value head
-        self.dtype = np.dtype(dtype)
-        if not np.issubdtype(self.dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {self.dtype}")
-        rng = np.random.default_rng(seed)
+        self.dtype = float_dtype(dtype)
+        rng = np.random.default_rng(require_int("seed", seed, minimum=0))
         # std 1/sqrt(d_model): each projected feature sums d_model products of unit-variance
         # inputs, so its variance stays ~1 instead of growing with the width.
         std, d_kv = 1.0 / math.sqrt(d_model), self.n_kv_heads * self.d_k
