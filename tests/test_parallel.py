@@ -5,6 +5,8 @@ import math
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mha import bench, flash, parallel
 
@@ -367,3 +369,230 @@ def test_each_rank_peaks_at_a_few_of_its_own_score_matrices_not_the_whole_one():
         for r, peak in enumerate(peaks):
             assert 1 <= peak / scores < 4, f"{name} rank {r}: peak {peak} is {peak / scores:.2f} score matrices"
     assert max(ring) < one / 3 and max(uly) < one / 1.5, (one, ring, uly)
+
+
+# The zigzag rule: what each rank really scores ---------------------------------------------------
+def _per_rank_flops(ranks):
+    """Drive rank generators in one process (as `simulate`), counting each rank's matmul flops apart."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    flops = [0] * len(ranks)
+
+    def counted(r, gen):
+        def step(message):
+            with FlopCounterMode(display=False) as counter:
+                try:
+                    out = next(gen) if message is None else gen.send(message)
+                finally:
+                    flops[r] += counter.get_total_flops()
+            return out
+
+        message = None
+        while True:
+            try:
+                sent = step(message)
+            except StopIteration as done:
+                return done.value
+            message = yield sent
+
+    results = parallel.simulate([counted(r, g) for r, g in enumerate(ranks)], "ring")
+    return results, flops
+
+
+def _ring_ranks(q, k, v, world_size, layout, causal, stats, rule=None, out_dtype=None):
+    pos = parallel.rank_positions(q.shape[2], world_size, layout)
+    qs, ks, vs = (parallel.shard(t, world_size, layout) for t in (q, k, v))
+    return [parallel.ring_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal, stats[r], rule,
+                               out_dtype) for r in range(world_size)]
+
+
+@pytest.mark.parametrize("T,W", [(4096, 4), (64, 4), (48, 3), (32, 2), (16, 8)])
+def test_zigzag_scores_half_blocks_so_every_rank_does_the_same_work(T, W):
+    """ring-flash-attention's rule: own block causal, earlier blocks' first half, later blocks to the
+    second half of the queries. Per rank c^2 (2W + 2) entries with c = T / 2W: the contiguous total,
+    spread evenly. Contiguous: rank r scores r + 1 whole blocks of (2c)^2."""
+    c = T // (2 * W)
+    zig = [s["scores"] for s in parallel.ring_stats(T, W, "zigzag")]
+    con = [s["scores"] for s in parallel.ring_stats(T, W, "contiguous")]
+    assert con == [(r + 1) * (2 * c) ** 2 for r in range(W)], f"contiguous: {con}"
+    assert zig == [(2 * W + 2) * c * c] * W, f"zigzag: expected {(2 * W + 2) * c * c} per rank, got {zig}"
+    assert sum(zig) == sum(con), f"zigzag total {sum(zig)} != contiguous total {sum(con)}"
+    if W > 1:
+        assert max(zig) < max(con), "the slowest zigzag rank must do less than the last contiguous one"
+    least = parallel.causal_work(T, W, "zigzag")  # allowed pairs: no rank can do less
+    assert all(z >= n for z, n in zip(zig, least, strict=True))
+
+
+@pytest.mark.parametrize("layout", parallel.LAYOUTS)
+def test_the_counted_scores_are_the_flops_torch_counts(layout):
+    """FlopCounterMode, per rank: forward 2 matmuls (q k^T, P v), backward 5, each 2 d_k flops per entry."""
+    B, h, T, d_k, W = 1, 2, 64, 8, 4
+    q, k, v = _qkv(B, h, T, d_k, seed=21)
+    dout = _qkv(B, h, T, d_k, seed=22)[0]
+    stats = [{} for _ in range(W)]
+    fwd, flops = _per_rank_flops(_ring_ranks(q, k, v, W, layout, True, stats))
+    assert flops == [4 * d_k * s["scores"] for s in stats], (flops, stats)
+    c = T // (2 * W)
+    if layout == "zigzag":
+        assert [s["scores"] for s in stats] == [B * h * (2 * W + 2) * c * c] * W
+    pos = parallel.rank_positions(T, W, layout)
+    qs, ks, vs, dos = (parallel.shard(t, W, layout) for t in (q, k, v, dout))
+    back = [{} for _ in range(W)]
+    _, bflops = _per_rank_flops([parallel.ring_rank_backward(qs[r], ks[r], vs[r], pos[r], *fwd[r],
+                                                             dos[r], W, True, back[r])
+                                 for r in range(W)])
+    assert [s["scores"] for s in back] == [s["scores"] for s in stats], "the backward scores as the forward"
+    assert bflops == [10 * d_k * s["scores"] for s in back], (bflops, back)
+
+
+def test_the_zigzag_tiles_are_the_half_blocks_and_need_no_mask():
+    T, W = 16, 4
+    c = T // (2 * W)
+    for r, s in enumerate(parallel.ring_stats(T, W, "zigzag")):
+        mine = set(parallel.rank_positions(T, W, "zigzag")[r].tolist())
+        for q_pos, k_pos, masked in s["tiles"]:
+            own = set(k_pos.tolist()) <= mine
+            assert masked == own, f"rank {r}: only the own block needs a mask"
+            if not own:  # a half block: c queries x 2c keys or 2c queries x c keys, all visible
+                assert sorted((len(q_pos), len(k_pos))) == [c, 2 * c]
+                assert bool((k_pos[None, :] <= q_pos[:, None]).all())
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 6), st.integers(1, 3), st.integers(0, 2**31 - 1))
+def test_visible_tile_is_exact_on_any_mask(T_q, S, n, seed):
+    g = torch.Generator().manual_seed(seed)
+    kind = seed % 3  # a random mask, a random rectangle, or nothing visible
+    if kind == 0:
+        allowed = torch.rand(n, T_q, S, generator=g) < 0.5
+    else:
+        allowed = torch.zeros(n, T_q, S, dtype=torch.bool)
+        if kind == 1:
+            r0, c0 = int(torch.randint(T_q, (1,), generator=g)), int(torch.randint(S, (1,), generator=g))
+            allowed[:, r0:, c0:] = True
+    tile = parallel.visible_tile(allowed)
+    if tile is None:
+        assert not bool(allowed.any())
+        return
+    rows, cols, mask = tile
+    inside = torch.zeros_like(allowed)
+    inside[:, rows, cols] = True
+    assert not bool((allowed & ~inside).any()), "an allowed pair outside the tile"
+    if mask is None:
+        assert bool(allowed[:, rows, cols].all()), "an unmasked tile must hold only allowed pairs"
+    else:
+        assert mask is allowed
+
+
+@settings(max_examples=25, deadline=None)
+@given(W=st.integers(1, 4), chunk=st.integers(1, 3), B=st.integers(1, 2), h_kv=st.integers(1, 2),
+       group=st.integers(1, 2), d_k=st.integers(1, 5), layout=st.sampled_from(parallel.LAYOUTS),
+       causal=st.booleans(), seed=st.integers(0, 2**31 - 1))
+def test_ring_forward_and_backward_equal_one_process_on_drawn_sizes(W, chunk, B, h_kv, group, d_k,
+                                                                    layout, causal, seed):
+    T, h = 2 * W * chunk, h_kv * group
+    g = torch.Generator().manual_seed(seed)
+    q, dout = (torch.randn(B, h, T, d_k, generator=g, dtype=torch.float64) for _ in range(2))
+    k, v = (torch.randn(B, h_kv, T, d_k, generator=g, dtype=torch.float64) for _ in range(2))
+    want_out = _reference(q, k.repeat_interleave(group, 1), v.repeat_interleave(group, 1), causal)
+    out, _ = parallel.ring_attention(q, k, v, W, layout, causal)
+    assert float((out - want_out).abs().max()) < 1e-12
+    got = parallel.ring_backward(q, k, v, dout, W, layout, causal)
+    assert _max_err(got, _grads_by_autograd(q, k, v, dout, causal)) < 1e-12
+
+
+def _rule_from(mask, bias):
+    """A rule read off a global (T, T) mask and (1, h, T, T) bias (None: none)."""
+    def rule(q_pos, k_pos):
+        allowed = None if mask is None else mask[q_pos][:, k_pos]  # (T_q, T_k)
+        return allowed, None if bias is None else bias[..., q_pos, :][..., k_pos]
+    return rule
+
+
+@settings(max_examples=20, deadline=None)
+@given(W=st.integers(1, 4), chunk=st.integers(1, 3), which=st.sampled_from(
+    ["causal", "window", "alibi", "random", "random+bias", "none"]),
+    layout=st.sampled_from(parallel.LAYOUTS), seed=st.integers(0, 2**31 - 1))
+def test_any_rule_stays_exact_forward_and_backward(W, chunk, which, layout, seed):
+    """Windows, ALiBi, arbitrary masks: the tile rule only skips what the rule's mask hides."""
+    B, h, d_k, T = 2, 2, 4, 2 * W * chunk
+    g = torch.Generator().manual_seed(seed)
+    q, k, v, dout = (torch.randn(B, h, T, d_k, generator=g, dtype=torch.float64) for _ in range(4))
+    t = torch.arange(T)
+    causal = t[None, :] <= t[:, None]  # (T, T)
+    mask = {"causal": causal, "window": causal & (t[:, None] - t[None, :] < 3), "alibi": causal,
+            "random": torch.rand(T, T, generator=g) < 0.6, "random+bias": torch.rand(T, T, generator=g) < 0.6,
+            "none": None}[which]
+    bias = None
+    if which in ("alibi", "random+bias"):
+        slopes = torch.tensor([0.5, 0.25], dtype=torch.float64)[None, :, None, None]
+        bias = -slopes * (t[:, None] - t[None, :]).abs().double()  # (1, h, T, T)
+    rule = _rule_from(mask, bias)
+    leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+    scores = leaves[0] @ leaves[1].transpose(-2, -1) / math.sqrt(d_k) + (0 if bias is None else bias)
+    if mask is not None:
+        scores = scores.masked_fill(~mask, float("-inf"))
+    probs = torch.softmax(scores, -1).nan_to_num(0.0)  # a row with no key: 0
+    want = probs @ leaves[2]
+    want_grads = torch.autograd.grad(want, leaves, dout)
+    pos = parallel.rank_positions(T, W, layout)
+    qs, ks, vs, dos = (parallel.shard(x, W, layout) for x in (q, k, v, dout))
+    fwd = parallel.simulate([parallel.ring_rank(qs[r], ks[r], vs[r], pos[r], W, rule=rule)
+                             for r in range(W)], "ring")
+    out = parallel.unshard([o for o, _ in fwd], layout)
+    assert float((out - want.detach()).abs().max()) < 1e-12, which
+    grads = parallel.simulate([parallel.ring_rank_backward(qs[r], ks[r], vs[r], pos[r], *fwd[r], dos[r],
+                                                           W, rule=rule) for r in range(W)], "ring")
+    got = [parallel.unshard([gr[i] for gr in grads], layout) for i in range(3)]
+    assert _max_err(got, want_grads) < 1e-12, which
+
+
+def test_a_mask_that_is_not_one_rectangle_falls_back_to_the_whole_block_masked():
+    """A window's band inside a block: the whole block, masked; pure causal zigzag: rectangles."""
+    T, W = 16, 2
+    t = torch.arange(T)
+    band = _rule_from((t[None, :] <= t[:, None]) & (t[:, None] - t[None, :] < 3), None)
+    x = torch.zeros(1, 1, T, 1, dtype=torch.float64)
+    stats = [{"tiles": []} for _ in range(W)]
+    parallel.simulate(_ring_ranks(x, x, x, W, "zigzag", False, stats, band), "ring")
+    for s in stats:
+        for q_pos, k_pos, masked in s["tiles"]:
+            assert masked and len(q_pos) == len(k_pos) == T // W, "a band is no rectangle: whole block"
+    causal = [{"tiles": []} for _ in range(W)]
+    parallel.simulate(_ring_ranks(x, x, x, W, "zigzag", True, causal), "ring")
+    assert [m for s in causal for *_, m in s["tiles"]] == [True, False] * W  # own block, half block
+
+
+# Mixed precision: the backward's sums and messages in float32 -------------------------------------
+def _rounding_ratio(got, exact, dtype):
+    """Error against the exact answer, in units of one rounding of the exact answer to dtype."""
+    one = float((exact.to(dtype).double() - exact).abs().max())
+    return float((got.double() - exact).abs().max()) / one
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("layout", parallel.LAYOUTS)
+def test_low_precision_ring_backward_is_one_rounding_from_the_exact_gradient(dtype, layout):
+    """W = 8: dK and dV summed and sent in float32 and rounded once, like dQ; the forward's out
+    kept unrounded for delta. Each gradient within 1.5 roundings of the exact one (was 2-5)."""
+    g = torch.Generator().manual_seed(31)
+    q, k, v, dout = (torch.randn(2, 4, 128, 16, generator=g).to(dtype) for _ in range(4))
+    exact = _grads_by_autograd(q.double(), k.double(), v.double(), dout.double(), True)
+    got = parallel.ring_backward(q, k, v, dout, 8, layout, causal=True)
+    ratios = [_rounding_ratio(x, w, dtype) for x, w in zip(got, exact, strict=True)]
+    assert all(x.dtype == dtype for x in got)
+    assert max(ratios) <= 1.5, f"dq, dk, dv are {[round(r, 2) for r in ratios]} roundings away"
+
+
+def test_low_precision_ring_backward_across_processes_sends_float32_gradients():
+    g = torch.Generator().manual_seed(32)
+    q, k, v, dout = (torch.randn(1, 2, 64, 8, generator=g).to(torch.bfloat16) for _ in range(4))
+    exact = _grads_by_autograd(q.double(), k.double(), v.double(), dout.double(), True)
+    _, grads, ranks = parallel.distributed_backward("ring", q, k, v, dout, 4, "zigzag", causal=True,
+                                                    timeout_s=60)
+    ratios = [_rounding_ratio(x, w, torch.bfloat16) for x, w in zip(grads, exact, strict=True)]
+    assert max(ratios) <= 1.5, f"dq, dk, dv are {[round(r, 2) for r in ratios]} roundings away"
+    block = 1 * 2 * (64 // 4) * 8  # numbers in one (B, h_kv, T / W, d_k) block
+    by_hand = 3 * (2 * block * 2 + 2 * block * 4 + (64 // 4) * 8) + 2 * block * 4  # dK, dV float32
+    assert parallel.ring_backward_bytes(1, 2, 64, 4, 8, 2) == by_hand
+    assert [r["backward_bytes_sent"] for r in ranks] == [by_hand] * 4

@@ -13,7 +13,10 @@ ranks as list entries; `mha.launch` drives one per process over torch.distribute
 attention is the torch core's manual path with its logsumexp (`torch_mha.attention_lse`).
 
 Layouts: "contiguous" gives rank r tokens [r T/W, (r+1) T/W); "zigzag" cuts T into 2W chunks
-and gives rank r chunks r and 2W-1-r, so that under a causal mask every rank does the same work.
+and gives rank r chunks r and 2W-1-r. A rank scores only the part of a block its mask lets it
+see when that part is one rectangle (`visible_tile`): under a causal mask in the zigzag layout a
+block from an earlier rank is read on its first half of keys, one from a later rank by the
+second half of the queries, so every rank scores the same number of (query, key) pairs.
 """
 
 from __future__ import annotations
@@ -23,14 +26,63 @@ from collections.abc import Callable, Generator, Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
-from .torch_mha import attention, attention_lse, compute_dtype, masked_scores, repeat_kv, upcast
+from .torch_mha import (
+    MultiHeadAttention,
+    attention,
+    attention_lse,
+    compute_dtype,
+    masked_scores,
+    repeat_kv,
+    upcast,
+)
+from .validate import require_int, require_shape
 
 LAYOUTS = ("contiguous", "zigzag")
 
 
+def _require_tensor(name: str, x: Any, what: str) -> None:
+    """Raise TypeError unless x is a floating-point torch.Tensor (`what` names its expected shape)."""
+    if not isinstance(x, torch.Tensor):
+        hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
+        raise TypeError(f"{name} must be a torch.Tensor {what}, got {type(x).__name__}{hint}")
+    if not x.is_floating_point():
+        raise TypeError(f"{name} must hold floating-point numbers, got dtype {x.dtype}")
+
+
+def check_qkv(q: Any, k: Any, v: Any, dout: Any = None) -> tuple[int, int, int, int, int]:
+    """Check q (B, h, T, d_k), k, v (B, h_kv, T, d_k) and an optional dout like q; -> (B, h, h_kv, T, d_k).
+
+    One dtype and device for all, h_kv dividing h (grouped-query attention), every size >= 1:
+    a clear error naming what was expected and what arrived, before any work starts.
+    """
+    given = [("q", q), ("k", k), ("v", v)] + ([("dout", dout)] if dout is not None else [])
+    for name, t in given:
+        _require_tensor(name, t, "(B, h, T, d_k)" if name in ("q", "dout") else "(B, h_kv, T, d_k)")
+    require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
+    B, h, T, d_k = (int(n) for n in q.shape)
+    require_shape("k", k, (("B", B), ("h_kv", None), ("T", T), ("d_k", d_k)))
+    h_kv = int(k.shape[1])
+    require_shape("v", v, (("B", B), ("h_kv", h_kv), ("T", T), ("d_k", d_k)))
+    if dout is not None:
+        require_shape("dout", dout, (("B", B), ("h", h), ("T", T), ("d_k", d_k)))
+    if min(B, h, T, d_k, h_kv) < 1:
+        raise ValueError(f"q (B, h, T, d_k) and k (B, h_kv, T, d_k) need every size >= 1, got q "
+                         f"{tuple(q.shape)}, k {tuple(k.shape)}")
+    if h % h_kv:
+        raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
+                         f"(grouped-query attention), got h_kv={h_kv}")
+    for name, t in given[1:]:
+        if t.dtype != q.dtype or t.device != q.device:
+            raise TypeError(f"{name} must have q's dtype and device ({q.dtype} on {q.device}), got "
+                            f"{t.dtype} on {t.device}")
+    return B, h, h_kv, T, d_k
+
+
 def check_split(T: int, world_size: int, layout: str) -> int:
     """Check that T tokens split over world_size ranks in `layout`; return the tokens per rank."""
+    T = require_int("T", T)
     if not isinstance(world_size, int) or isinstance(world_size, bool) or world_size < 1:
         raise ValueError(f"world_size must be a whole number >= 1, got {world_size!r}")
     if layout not in LAYOUTS:
@@ -54,16 +106,37 @@ def rank_positions(T: int, world_size: int, layout: str = "contiguous") -> list[
 def shard(x: torch.Tensor, world_size: int, layout: str = "contiguous", dim: int = 2
           ) -> list[torch.Tensor]:
     """Split x along its sequence axis `dim` into the ranks' pieces (contiguous copies)."""
+    if not isinstance(x, torch.Tensor):
+        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    dim = _check_dim(dim, x.ndim, "x")
     pos = rank_positions(x.shape[dim], world_size, layout)
     return [x.index_select(dim, p).contiguous() for p in pos]
 
 
 def unshard(pieces: Sequence[torch.Tensor], layout: str = "contiguous", dim: int = 2) -> torch.Tensor:
     """The inverse of `shard`: put the ranks' pieces back in sequence order."""
+    if isinstance(pieces, torch.Tensor) or not isinstance(pieces, Sequence) or not pieces:
+        raise TypeError(f"pieces must be a non-empty list of tensors (one per rank), got "
+                        f"{type(pieces).__name__}")
+    if not all(isinstance(p, torch.Tensor) for p in pieces):
+        raise TypeError(f"pieces must all be torch.Tensors, got "
+                        f"{[type(p).__name__ for p in pieces]}")
+    dim = _check_dim(dim, pieces[0].ndim, "pieces[0]")
+    shapes = [tuple(p.shape) for p in pieces]
+    if len(set(shapes)) > 1 or len({p.dtype for p in pieces}) > 1:
+        raise ValueError(f"every rank's piece must have one shape and dtype (shard cuts equal "
+                         f"pieces), got shapes {shapes} and dtypes {[str(p.dtype) for p in pieces]}")
     W = len(pieces)
     T = sum(p.shape[dim] for p in pieces)
     order = torch.cat(rank_positions(T, W, layout))  # (T,) global position of each gathered row
     return torch.cat(list(pieces), dim=dim).index_select(dim, torch.argsort(order))
+
+
+def _check_dim(dim: Any, ndim: int, name: str) -> int:
+    """dim as a non-negative axis of a tensor with ndim axes, or a clear error."""
+    if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
+        raise ValueError(f"dim must be an axis of {name}, an int in [-{ndim}, {ndim}), got {dim!r}")
+    return dim % ndim
 
 
 def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
@@ -73,6 +146,8 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
     The torch twin of `mha.flash.merge_partials`: out = share_a * out_a + share_b * out_b with
     share = exp(lse_side - lse), lse = logaddexp(lse_a, lse_b); a side with lse -inf counts 0.
     """
+    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
+        _require_tensor(name, t, "(..., T, d)" if name.startswith("out") else "(..., T)")
     if out_a.shape != out_b.shape or lse_a.shape != out_a.shape[:-1] or lse_b.shape != lse_a.shape:
         raise ValueError(f"expected out_a, out_b of one shape (..., T, d) and lse_a, lse_b of shape "
                          f"(..., T), got {tuple(out_a.shape)}, {tuple(out_b.shape)}, "
@@ -98,9 +173,83 @@ def causal_rule(causal: bool) -> Rule:
     return lambda q_pos, k_pos: (block_mask(q_pos, k_pos, causal), None)
 
 
-def _hidden(allowed: Any) -> bool:
-    """True when a block's mask hides every (query, key) pair: the block can be skipped."""
-    return allowed is not None and not bool(allowed.any())
+Tile = tuple[slice, slice, Any]  # (query rows, key columns, mask or None) of a block to score
+
+
+def visible_tile(allowed: Any) -> Tile | None:
+    """The part of a block to score, from its mask (.., T_q, S): None when it hides every pair.
+
+    Where the allowed pairs fill one rectangle, rows r0:r1 by keys c0:c1 (the same for every
+    batch item and head), only that rectangle is scored, with no mask: it is exact, because
+    every pair outside it is masked and every pair inside it allowed. This is ring-flash-
+    attention's rule for the zigzag layout under a causal mask: a block from an earlier rank is
+    read by all the queries on its first half of keys, one from a later rank by the second half
+    of the queries on all its keys. Any other mask (the own block's staircase, a window's band)
+    gets the whole block, masked; allowed None (no mask) the whole block, unmasked.
+    """
+    whole = slice(None)
+    if allowed is None:
+        return whole, whole, None
+    if not bool(allowed.any()):
+        return None
+    flat = allowed.reshape(-1, *allowed.shape[-2:])  # (n, T_q, S): every batch item and head
+    rows = flat.any(-1).any(0).nonzero().flatten()  # queries that see some key
+    cols = flat.any(-2).any(0).nonzero().flatten()  # keys some query sees
+    box = slice(int(rows[0]), int(rows[-1]) + 1), slice(int(cols[0]), int(cols[-1]) + 1)
+    if bool(flat[:, box[0], box[1]].all()):  # the bounding box is all allowed: it is the set
+        return box[0], box[1], None
+    return whole, whole, allowed
+
+
+def _cut(t: Any, rows: slice, cols: slice) -> Any:
+    """A mask or bias (.., T_q|1, S|1) cut to a tile's rows and columns (a broadcast axis stays)."""
+    if t is None:
+        return None
+    return t[..., rows if t.shape[-2] > 1 else slice(None), cols if t.shape[-1] > 1 else slice(None)]
+
+
+def _span(part: slice, n: int) -> tuple[int, int]:
+    """(start, stop) of a tile's slice over n rows or columns."""
+    start, stop, _ = part.indices(n)
+    return start, stop
+
+
+def _count(stats: dict | None, q: torch.Tensor, rows: slice, keys: slice, S: int,
+           tile: list | None = None) -> None:
+    """Add one computed tile to stats: "blocks" + 1, "scores" + B h rows keys (entries scored)."""
+    if stats is None:
+        return
+    r0, r1 = _span(rows, q.shape[-2])
+    c0, c1 = _span(keys, S)
+    stats["blocks"] = stats.get("blocks", 0) + 1
+    stats["scores"] = stats.get("scores", 0) + q.shape[0] * q.shape[1] * (r1 - r0) * (c1 - c0)
+    if "tiles" in stats and tile is not None:
+        stats["tiles"].append(tile)  # (query positions, key positions, masked?) for a picture
+
+
+def _merge_rows(out: torch.Tensor, lse: torch.Tensor, o: torch.Tensor, o_lse: torch.Tensor,
+                rows: slice) -> tuple[torch.Tensor, torch.Tensor]:
+    """Merge a tile's (o (B,h,R,d_k), o_lse (B,h,R)) into rows `rows` of the running (out, lse)."""
+    r0, r1 = _span(rows, out.shape[-2])
+    m_out, m_lse = merge_partials(out[..., r0:r1, :], lse[..., r0:r1], o, o_lse)  # (B, h, R, ..)
+    return (torch.cat([out[..., :r0, :], m_out, out[..., r1:, :]], dim=-2),  # (B, h, T_r, d_k)
+            torch.cat([lse[..., :r0], m_lse, lse[..., r1:]], dim=-1))  # (B, h, T_r)
+
+
+def _widen(g: torch.Tensor, part: slice, n: int) -> torch.Tensor:
+    """A tile's gradient (B, h, R, d_k) as the whole block's (B, h, n, d_k): zeros elsewhere."""
+    start, stop = _span(part, n)
+    return F.pad(g, (0, 0, start, n - stop))  # (B, h, n, d_k)
+
+
+def _check_rank(q: Any, k: Any, v: Any, pos: Any, world_size: int) -> None:
+    """The checks of one rank's generator: its shards as `check_qkv`, pos (T_r,), world_size."""
+    require_int("world_size", world_size)
+    T_r = check_qkv(q, k, v)[3]
+    if not isinstance(pos, torch.Tensor) or pos.shape != (T_r,) or pos.is_floating_point():
+        got = tuple(pos.shape) if isinstance(pos, torch.Tensor) else type(pos).__name__
+        raise ValueError(f"pos must be the rank's global positions, an int tensor of shape "
+                         f"(T_r={T_r},), got {got}")
 
 
 def _full_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -111,16 +260,19 @@ def _full_heads(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[torc
 
 def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
               world_size: int, causal: bool = False, stats: dict | None = None,
-              rule: Rule | None = None,
+              rule: Rule | None = None, out_dtype: torch.dtype | None = None,
               ) -> Generator[RingMessage, RingMessage, tuple[torch.Tensor, torch.Tensor]]:
     """One rank of ring attention: q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) at global positions pos (T_r,).
 
-    At each of the W steps it attends to the block it holds, then yields that block to send on
-    to rank + 1 and receives rank - 1's. Blocks that the mask hides entirely are skipped.
-    `rule(q_pos, k_pos) -> (allowed, bias)` gives the mask and bias of a block (default: causal
-    or none, `causal_rule`). Returns (out (B, h, T_r, d_k), lse (B, h, T_r));
-    `stats["blocks"]` counts blocks computed.
+    At each of the W steps it attends to the part of the block it holds that its queries may see
+    (`visible_tile`: nothing, one unmasked rectangle, or the whole block masked), then yields the
+    block to send on to rank + 1 and receives rank - 1's. `rule(q_pos, k_pos) -> (allowed, bias)`
+    gives the mask and bias of a block (default: causal or none, `causal_rule`). Returns
+    (out (B, h, T_r, d_k) in `out_dtype` (default q's), lse (B, h, T_r) in the compute dtype);
+    stats: "blocks" computed, "scores" entries scored. The backward takes out unrounded
+    (out_dtype=compute_dtype(q.dtype)): its rowsum(dO * O) then carries no bfloat16 rounding.
     """
+    _check_rank(q, k, v, pos, world_size)
     rule = causal_rule(causal) if rule is None else rule
     B, h, T_r, d_k = q.shape
     work = compute_dtype(q.dtype)  # float32 for bfloat16 / float16: merge in float32, round once
@@ -129,14 +281,16 @@ def ring_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tens
     k_pos = pos
     for step in range(world_size):
         allowed, bias = rule(pos, k_pos)  # (.., T_r, T_r) or None each
-        if not _hidden(allowed):
-            o, o_lse = attention_lse(q, *_full_heads(q, k, v), allowed, bias)  # (B,h,T_r,d_k), (B,h,T_r)
-            out, lse = merge_partials(out, lse, o, o_lse)
-            if stats is not None:
-                stats["blocks"] = stats.get("blocks", 0) + 1
+        tile = visible_tile(allowed)
+        if tile is not None:
+            rows, keys, mask = tile  # only the rectangle the mask shows, or the whole block masked
+            kt, vt = _full_heads(q, k[..., keys, :], v[..., keys, :])  # (B, h, S_t, d_k) each
+            o, o_lse = attention_lse(q[..., rows, :], kt, vt, mask, _cut(bias, rows, keys))
+            out, lse = _merge_rows(out, lse, o, o_lse, rows)  # (B,h,T_r,d_k), (B,h,T_r)
+            _count(stats, q, rows, keys, T_r, (pos[rows], k_pos[keys], mask is not None))
         if step < world_size - 1:
             k, v, k_pos = yield (k, v, k_pos)  # send on, receive the left neighbour's block
-    return out.to(q.dtype), lse
+    return out.to(q.dtype if out_dtype is None else out_dtype), lse
 
 
 def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch.Tensor,
@@ -147,9 +301,9 @@ def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch
     The softmax backward of 15_backward_pass.ipynb, block by block as FlashAttention-2 does it:
     P = exp(scores - lse) is recomputed from the final logsumexp lse (B, h, T), so it is this
     block's share of the whole row; delta = rowsum(dout * out) (B, h, T) stands in for the sum
-    over every key of P * dP.
+    over every key of P * dP. All three come in the compute dtype (float32 for float16 /
+    bfloat16): they are partial sums, to be added up over blocks and rounded once at the end.
     """
-    dtype = k.dtype
     q, k, v, lse, dout, delta, bias = upcast(q, k, v, lse, dout, delta, bias)  # float32 if low
     kr, vr = _full_heads(q, k, v)  # (B, h, S, d_k)
     base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # rows with no key: P = 0
@@ -161,7 +315,7 @@ def block_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lse: torch
     dv = p.transpose(-2, -1) @ dout  # (B,h,S,T) @ (B,h,T,d_k) -> (B,h,S,d_k)
     B, h_kv, S, d_k = k.shape
     fold = (B, h_kv, q.shape[1] // h_kv, S, d_k)  # a shared K/V head sums its group's gradients
-    return dq, dk.reshape(fold).sum(2).to(dtype), dv.reshape(fold).sum(2).to(dtype)  # (B, h_kv, S, d_k)
+    return dq, dk.reshape(fold).sum(2), dv.reshape(fold).sum(2)  # (B, h_kv, S, d_k)
 
 
 def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
@@ -175,26 +329,35 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
     what its queries contribute (`block_backward`) and passes the block on. After W - 1 steps a
     rank holds its right neighbour's block, so one more step (dk, dv only) brings every block's
     gradient home. dq stays on its rank. Arguments as `ring_rank`, plus its out, lse and dout;
-    `block_grads` is the per-block gradient (default `block_backward`; a lesson passes a wrong one).
+    `block_grads` is the per-block gradient (default `block_backward`; a lesson passes a wrong one),
+    given the tile of the block that the forward scored (`visible_tile`). dq, dk and dv add up,
+    and dk, dv travel, in the compute dtype (float32 for float16 / bfloat16), rounded at the end.
     """
+    _check_rank(q, k, v, pos, world_size)
+    require_shape("dout", dout, tuple(("BhTd"[i], n) for i, n in enumerate(q.shape)))
     rule = causal_rule(causal) if rule is None else rule
     block_grads = block_backward if block_grads is None else block_grads
+    T_r = q.shape[2]
     delta = (dout.to(lse.dtype) * out.to(lse.dtype)).sum(-1)  # (B, h, T_r): rowsum(dO * O), 15_backward_pass.ipynb
     dq = torch.zeros_like(q, dtype=lse.dtype)  # (B, h, T_r, d_k), summed in float32 if low
-    dk, dv = torch.zeros_like(k), torch.zeros_like(v)  # (B, h_kv, T_r, d_k): the held block's
-    k_pos = pos
+    dk, dv = (torch.zeros_like(t, dtype=lse.dtype) for t in (k, v))  # (B, h_kv, T_r, d_k): so are
+    k_pos = pos  # the held block's dk, dv, and they travel in float32: rounded once, at home
     for step in range(world_size):
         allowed, bias = rule(pos, k_pos)
-        if not _hidden(allowed):
-            g_q, g_k, g_v = block_grads(q, k, v, lse, dout, delta, allowed, bias)
-            dq, dk, dv = dq + g_q, dk + g_k, dv + g_v
-            if stats is not None:
-                stats["blocks"] = stats.get("blocks", 0) + 1
+        tile = visible_tile(allowed)  # the same part of the block as the forward scored
+        if tile is not None:
+            rows, keys, mask = tile
+            g_q, g_k, g_v = block_grads(q[..., rows, :], k[..., keys, :], v[..., keys, :],
+                                        lse[..., rows], dout[..., rows, :], delta[..., rows],
+                                        mask, _cut(bias, rows, keys))
+            dq = dq + _widen(g_q, rows, T_r)  # (B, h, T_r, d_k)
+            dk, dv = dk + _widen(g_k, keys, T_r), dv + _widen(g_v, keys, T_r)  # (B, h_kv, T_r, d_k)
+            _count(stats, q, rows, keys, T_r)
         if step < world_size - 1:
             k, v, k_pos, dk, dv = yield (k, v, k_pos, dk, dv)  # the block and its gradient move on
     if world_size > 1:
         dk, dv = yield (dk, dv)  # one more step: each block's gradient reaches its owner
-    return dq.to(q.dtype), dk, dv
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 
 
 def ulysses_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor,
@@ -207,6 +370,7 @@ def ulysses_rank(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: torch.T
     over the whole sequence; all-to-all 2 sends each rank's tokens back. `rule` as in
     `ring_rank`; `rank` picks this rank's heads of a per-head bias. Returns out (B, h, T_r, d_k).
     """
+    _check_rank(q, k, v, pos, world_size)
     B, h, T_r, d_k = q.shape
     for name, heads in (("h", h), ("h_kv", k.shape[1])):
         if heads % world_size:
@@ -270,8 +434,12 @@ def _deliver(sent: list, pattern: str) -> list:
 def ring_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int,
                    layout: str = "contiguous", causal: bool = False,
                    ) -> tuple[torch.Tensor, list[int]]:
-    """Ring attention on W simulated ranks: q, k, v (B, h, T, d_k) -> (out (B, h, T, d_k), blocks per rank)."""
-    check_split(q.shape[2], world_size, layout)
+    """Ring attention on W simulated ranks: q, k, v (B, h, T, d_k) -> (out (B, h, T, d_k), blocks per rank).
+
+    k, v may have h_kv heads dividing h. A block counts when some part of it is scored.
+    """
+    _refuse_before_launch("ring", check_qkv(q, k, v)[3], q.shape[1:2] + k.shape[1:2], world_size,
+                          layout)
     stats = [{} for _ in range(world_size)]
     pos = rank_positions(q.shape[2], world_size, layout)
     qs, ks, vs = (shard(t, world_size, layout) for t in (q, k, v))  # W x (B, h, T / W, d_k)
@@ -288,12 +456,14 @@ def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch
     """Ring attention's hand-derived backward on W simulated ranks: -> (dq, dk, dv), each (B, h, T, d_k).
 
     The forward ring first (each rank keeps its out and lse), then `ring_rank_backward`
-    (with `block_grads`, default `block_backward`).
+    (with `block_grads`, default `block_backward`). dout (B, h, T, d_k) like q.
     """
-    check_split(q.shape[2], world_size, layout)
+    _refuse_before_launch("ring", check_qkv(q, k, v, dout)[3], q.shape[1:2] + k.shape[1:2],
+                          world_size, layout)
     pos = rank_positions(q.shape[2], world_size, layout)
     qs, ks, vs, dos = (shard(t, world_size, layout) for t in (q, k, v, dout))  # W x (B,h,T/W,d_k)
-    fwd = simulate([ring_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal)
+    work = compute_dtype(q.dtype)  # the forward's out kept unrounded for the backward's delta
+    fwd = simulate([ring_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal, out_dtype=work)
                     for r in range(world_size)], "ring")
     grads = simulate([ring_rank_backward(qs[r], ks[r], vs[r], pos[r], *fwd[r], dos[r], world_size,
                                          causal, block_grads=block_grads)
@@ -304,7 +474,8 @@ def ring_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch
 def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_size: int,
                       layout: str = "contiguous", causal: bool = False) -> torch.Tensor:
     """Ulysses on W simulated ranks: q, k, v (B, h, T, d_k) -> out (B, h, T, d_k)."""
-    check_split(q.shape[2], world_size, layout)
+    _refuse_before_launch("ulysses", check_qkv(q, k, v)[3], q.shape[1:2] + k.shape[1:2],
+                          world_size, layout)
     pos = rank_positions(q.shape[2], world_size, layout)
     qs, ks, vs = (shard(t, world_size, layout) for t in (q, k, v))  # W x (B, h, T / W, d_k)
     ranks = [ulysses_rank(qs[r], ks[r], vs[r], pos[r], world_size, causal, rank=r)
@@ -313,10 +484,32 @@ def ulysses_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, world_s
 
 
 def causal_work(T: int, world_size: int, layout: str) -> list[int]:
-    """Allowed (query, key) pairs each rank scores under a causal mask: the work a rank cannot skip."""
+    """Allowed (query, key) pairs of each rank's queries under a causal mask: the least work it can do.
+
+    What the ring code really scores, masked entries included, is `ring_stats`' "scores".
+    """
     pos = rank_positions(T, world_size, layout)
     every = torch.arange(T)
     return [int((every[None, :] <= p[:, None]).sum()) for p in pos]
+
+
+def ring_stats(T: int, world_size: int, layout: str = "contiguous", causal: bool = True
+               ) -> list[dict]:
+    """What each rank of the simulated ring computes for T tokens (B = h = 1): the code's own count.
+
+    One dict per rank: "blocks" (blocks with something scored), "scores" (score entries
+    computed, masked ones included) and "tiles", a list of (query positions, key positions,
+    masked?) of each rectangle it scored. It runs `ring_rank` on zeros of width 1.
+    """
+    check_split(T, world_size, layout)
+    x = torch.zeros(1, 1, T, 1)  # (B, h, T, d_k): the work does not depend on the values
+    pos = rank_positions(T, world_size, layout)
+    xs = shard(x, world_size, layout)  # W x (1, 1, T / W, 1)
+    stats: list[dict] = [{"tiles": []} for _ in range(world_size)]
+    with torch.no_grad():
+        simulate([ring_rank(xs[r], xs[r], xs[r], pos[r], world_size, causal, stats[r])
+                  for r in range(world_size)], "ring")
+    return [{"blocks": 0, "scores": 0, **s} for s in stats]
 
 
 
@@ -387,10 +580,11 @@ class RingAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, pos, world_size, rule, stats):
         """q (B, h, T_r, d_k), k, v (B, h_kv, T_r, d_k) of this rank -> out (B, h, T_r, d_k)."""
-        out, lse = run_rank(ring_rank(q, k, v, pos, world_size, False, stats, rule), "ring", stats)
-        ctx.save_for_backward(q, k, v, pos, out, lse)
+        out, lse = run_rank(ring_rank(q, k, v, pos, world_size, False, stats, rule,
+                                      out_dtype=compute_dtype(q.dtype)), "ring", stats)
+        ctx.save_for_backward(q, k, v, pos, out, lse)  # out unrounded: the backward's delta
         ctx.world_size, ctx.rule, ctx.stats = world_size, rule, stats
-        return out
+        return out.to(q.dtype)
 
     @staticmethod
     def backward(ctx, dout):
@@ -541,7 +735,7 @@ def peak_bytes_per_rank(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.Te
     """Each rank's measured peak allocation in bytes during the forward, on world_size processes."""
     from .launch import run_workers
 
-    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
+    _refuse_before_launch(kind, check_qkv(q, k, v)[3], (q.shape[1], k.shape[1]), world_size, layout)
     return run_workers(memory_worker, world_size, (kind, q, k, v, layout, causal),
                        timeout_s=timeout_s)
 
@@ -576,17 +770,35 @@ def module_worker(rank: int, world_size: int, kind: str, module: torch.nn.Module
     return {**result, **_on_cpu(result), **stats}
 
 
+def _check_sizes(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> None:
+    """Whole numbers >= 1 for the byte counts, and T / W ranks' tokens that divide evenly."""
+    for name, n in (("B", B), ("h_kv", h_kv), ("T", T), ("world_size", world_size), ("d_k", d_k),
+                    ("itemsize", itemsize)):
+        require_int(name, n)
+    check_split(T, world_size, "contiguous")
+
+
 def ring_bytes_per_step(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
     """Bytes one rank sends per ring step: its K and V blocks (B, h_kv, T / W, d_k) and their positions."""
+    _check_sizes(B, h_kv, T, world_size, d_k, itemsize)
     return 2 * B * h_kv * (T // world_size) * d_k * itemsize + (T // world_size) * 8  # int64 positions
 
 
-def ring_backward_bytes(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int) -> int:
-    """Bytes one rank sends in the whole backward ring: W - 1 steps of K, V, positions, dK, dV, then dK, dV once."""
-    block = B * h_kv * (T // world_size) * d_k * itemsize  # one (B, h_kv, T / W, d_k) tensor
+def ring_backward_bytes(B: int, h_kv: int, T: int, world_size: int, d_k: int, itemsize: int,
+                        grad_itemsize: int | None = None) -> int:
+    """Bytes one rank sends in the whole backward ring: W - 1 steps of K, V, positions, dK, dV, then dK, dV once.
+
+    dK and dV travel in the compute dtype: grad_itemsize defaults to 4 for 2-byte inputs
+    (float16 / bfloat16 gradients are summed in float32), else itemsize.
+    """
+    _check_sizes(B, h_kv, T, world_size, d_k, itemsize)
+    grad_itemsize = max(itemsize, 4) if grad_itemsize is None else require_int("grad_itemsize",
+                                                                               grad_itemsize)
+    block = B * h_kv * (T // world_size) * d_k  # numbers in one (B, h_kv, T / W, d_k) tensor
     if world_size == 1:
         return 0
-    return (world_size - 1) * (4 * block + (T // world_size) * 8) + 2 * block
+    kv, grads = 2 * block * itemsize, 2 * block * grad_itemsize  # K and V; dK and dV
+    return (world_size - 1) * (kv + grads + (T // world_size) * 8) + grads
 
 
 def _refuse_before_launch(kind: str, T: int, heads: Sequence[int], world_size: int,
@@ -594,7 +806,7 @@ def _refuse_before_launch(kind: str, T: int, heads: Sequence[int], world_size: i
     """The checks every rank would make, made once here before any process starts."""
     if kind not in ("ring", "ulysses"):
         raise ValueError(f"kind must be 'ring' or 'ulysses', got {kind!r}")
-    check_split(T, world_size, layout)
+    check_split(T, world_size, layout)  # world_size, layout, T / W (and T / 2W for zigzag)
     for name, n in zip(("h", "h_kv"), heads, strict=True):
         if kind == "ulysses" and n % world_size:
             raise ValueError(f"Ulysses gives each of the world_size={world_size} ranks {name} / W "
@@ -611,7 +823,7 @@ def distributed_attention(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.
     """
     from .launch import run_workers
 
-    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
+    _refuse_before_launch(kind, check_qkv(q, k, v)[3], (q.shape[1], k.shape[1]), world_size, layout)
     ranks = run_workers(rank_worker, world_size, (kind, q, k, v, layout, causal),
                         timeout_s=timeout_s)
     return unshard([r.pop("out") for r in ranks], layout), ranks
@@ -624,9 +836,8 @@ def distributed_backward(kind: str, q: torch.Tensor, k: torch.Tensor, v: torch.T
     """Forward and backward on world_size processes: -> (out, (dq, dk, dv), per-rank stats), all (B, h, T, d_k)."""
     from .launch import run_workers
 
-    _refuse_before_launch(kind, q.shape[2], (q.shape[1], k.shape[1]), world_size, layout)
-    if dout.shape != q.shape:
-        raise ValueError(f"dout must have the output's shape {tuple(q.shape)}, got {tuple(dout.shape)}")
+    T = check_qkv(q, k, v, dout)[3]  # dout (B, h, T, d_k): the output's shape and dtype
+    _refuse_before_launch(kind, T, (q.shape[1], k.shape[1]), world_size, layout)
     ranks = run_workers(rank_worker, world_size, (kind, q, k, v, layout, causal, dout),
                         timeout_s=timeout_s)
     grads = [r.pop("grads") for r in ranks]
@@ -644,12 +855,16 @@ def sequence_parallel(module: torch.nn.Module, x: torch.Tensor, world_size: int,
     """
     from .launch import run_workers
 
-    if not hasattr(module, "n_kv_heads") or x.ndim != 3:
+    if not isinstance(module, MultiHeadAttention):
         raise ValueError(f"expected an mha MultiHeadAttention and x (B, T, d_model), got "
-                         f"{type(module).__name__} and x of shape {tuple(x.shape)}")
+                         f"{type(module).__name__}")
+    module._check_inputs(x, None)  # x (B, T, d_model): a tensor of the weights' dtype and device
     _refuse_before_launch(kind, x.shape[1], (module.n_heads, module.n_kv_heads), world_size, layout)
-    if dout is not None and dout.shape != x.shape:
-        raise ValueError(f"dout must have the output's shape {tuple(x.shape)}, got {tuple(dout.shape)}")
+    if dout is not None:
+        _require_tensor("dout", dout, "(B, T, d_model)")
+        if dout.shape != x.shape or dout.dtype != x.dtype:
+            raise ValueError(f"dout must have the output's shape {tuple(x.shape)} and dtype {x.dtype}, "
+                             f"got {tuple(dout.shape)} and {dout.dtype}")
     ranks = run_workers(module_worker, world_size, (kind, module, x, layout, causal, dout),
                         timeout_s=timeout_s)
     result = {"out": unshard([r.pop("out") for r in ranks], layout, dim=1), "ranks": ranks}
