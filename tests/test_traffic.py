@@ -1,6 +1,9 @@
 """mha.traffic: the HBM bytes and FLOPs of attention, against hand counts, and the roofline."""
 
+import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from mha import bench, kv_cache, traffic
 
@@ -54,3 +57,112 @@ def test_the_accelerators_and_their_ridges():
 def test_bad_sizes_are_refused():
     with pytest.raises(ValueError, match="T"):
         traffic.forward_math(1, 1, 0, 4, 2, 2)
+
+
+# --- ragged tiles: what the kernel really reads, against a brute-force walk of its loops ----------
+
+
+def _walk(T, S, d, itemsize, causal, block_q, block_k):
+    """FA-2's loops walked element by element: (forward flops, forward bytes, backward flops, backward bytes).
+
+    A tile is computed when any of its (query, key) pairs is visible (bottom-right causal: key s
+    <= t + S - T); every load and store counts the elements its slice really holds.
+    """
+    visible = np.ones((T, S), dtype=bool)
+    if causal:
+        visible = np.arange(S)[None, :] <= np.arange(T)[:, None] + (S - T)  # (T, S)
+    queries, keys = np.arange(T), np.arange(S)
+    fwd_flops = fwd_bytes = bwd_flops = bwd_bytes = 0
+    for t0 in range(0, T, block_q):
+        rows = queries[t0:t0 + block_q].size  # the rows this query block holds
+        fwd_bytes += itemsize * 2 * rows * d + traffic.LSE_BYTES * rows  # q read, out and lse written
+        for s0 in range(0, S, block_k):
+            if not visible[t0:t0 + block_q, s0:s0 + block_k].any():
+                continue  # skipped: wholly above the diagonal
+            cols = keys[s0:s0 + block_k].size
+            fwd_flops += 4 * rows * cols * d
+            fwd_bytes += itemsize * 2 * cols * d  # this K and V tile
+            bwd_flops += 10 * rows * cols * d
+            # q, dout read (itemsize), lse, delta read (float32), dq read + written (float32)
+            bwd_bytes += itemsize * 2 * rows * d + 2 * traffic.LSE_BYTES * rows + 2 * 4 * rows * d
+    bwd_bytes += itemsize * 4 * S * d  # every key block: K, V read once, dK, dV written once
+    return fwd_flops, fwd_bytes, bwd_flops, bwd_bytes
+
+
+@settings(max_examples=150, deadline=None)
+@given(T=st.integers(1, 200), S=st.integers(1, 200), d=st.sampled_from([1, 16, 64]),
+       itemsize=st.sampled_from([1, 2, 4]), causal=st.booleans(),
+       block_q=st.integers(4, 80), block_k=st.integers(4, 80))
+def test_the_tiled_counts_equal_a_walk_of_the_loops(T, S, d, itemsize, causal, block_q, block_k):
+    fwd_flops, fwd_bytes, bwd_flops, bwd_bytes = _walk(T, S, d, itemsize, causal, block_q, block_k)
+    f = traffic.forward_tiled(2, 3, T, S, d, itemsize, causal=causal, block_q=block_q, block_k=block_k)
+    b = traffic.backward_tiled(2, 3, T, S, d, itemsize, causal=causal, block_q=block_q, block_k=block_k)
+    assert (f.flops, f.bytes) == (6 * fwd_flops, 6 * fwd_bytes)
+    assert (b.flops, b.bytes) == (6 * bwd_flops, 6 * bwd_bytes)
+    assert b.flops * 2 == 5 * f.flops
+
+
+def test_a_ragged_last_key_tile_counts_its_keys_not_a_block():
+    # S = 65 with 64-key blocks: the kernel reads 64 + 1 keys, not the 128 of S = 128
+    ragged = traffic.forward_tiled(1, 1, 128, 65, 64, 2, block_q=128, block_k=64)
+    by_hand = 2 * 2 * 128 * 64 + 4 * 128 + 2 * 2 * 65 * 64  # q, out; lse; K and V: 65 keys each
+    assert ragged.bytes == by_hand == 49920
+    assert ragged.bytes < traffic.forward_tiled(1, 1, 128, 128, 64, 2, block_q=128, block_k=64).bytes
+    for T, S in ((65, 65), (100, 37), (1, 300)):  # no mask: the products of attention, padding not counted
+        assert traffic.forward_tiled(1, 2, T, S, 16, 2).flops == bench.attention_flops(1, 2, T, 16, S=S)
+    # a ragged last query block: q, dout, lse, delta and dq of 65 rows, not 128
+    b = traffic.backward_tiled(1, 1, 65, 65, 64, 2, block_q=128, block_k=64)
+    assert b.bytes == 2 * 4 * 65 * 64 + 2 * (2 * 2 * 65 * 64 + 2 * 4 * 65 + 2 * 4 * 65 * 64)
+
+
+# --- bad inputs: a clear error naming what was expected and what arrived --------------------------
+
+SIZES = dict(B=1, h=2, T=8, S=8, d=4, itemsize=2)
+
+
+def _sized(fn, **changes):
+    return lambda: fn(**{**SIZES, **changes})
+
+
+BAD = [
+    *[(f"{fn.__name__} {name}={value!r}", _sized(fn, **{name: value}), error, name)
+      for fn in (traffic.forward_math, traffic.forward_tiled, traffic.backward_tiled)
+      for name, value, error in (("T", 0, ValueError), ("S", -1, ValueError), ("B", 1.5, TypeError),
+                                 ("h", True, TypeError), ("d", float("nan"), TypeError),
+                                 ("itemsize", 0, ValueError), ("T", "8", TypeError))],
+    *[(f"{fn.__name__} {name}={value!r}", _sized(fn, **{name: value}), error, name)
+      for fn in (traffic.forward_tiled, traffic.backward_tiled)
+      for name, value, error in (("block_q", 0, ValueError), ("block_k", -64, ValueError),
+                                 ("block_k", 64.0, TypeError), ("block_q", True, TypeError),
+                                 ("causal", "no", TypeError), ("causal", 1, TypeError),
+                                 ("reuse", "yes", TypeError), ("reuse", None, TypeError))],
+    ("Traffic flops=-1", lambda: traffic.Traffic(-1, 10), ValueError, "flops"),
+    ("Traffic flops=1.5", lambda: traffic.Traffic(1.5, 10), TypeError, "flops"),
+    ("Traffic bytes=0", lambda: traffic.Traffic(10, 0), ValueError, "bytes"),
+    ("Traffic bytes=True", lambda: traffic.Traffic(10, True), TypeError, "bytes"),
+    ("Accelerator peak=0", lambda: traffic.Accelerator("x", 0, 1e12, 1024, 1), ValueError, "peak_flops"),
+    ("Accelerator peak=nan", lambda: traffic.Accelerator("x", float("nan"), 1e12, 1024, 1), ValueError,
+     "peak_flops"),
+    ("Accelerator peak='1e15'", lambda: traffic.Accelerator("x", "1e15", 1e12, 1024, 1), TypeError,
+     "peak_flops"),
+    ("Accelerator bandwidth=inf", lambda: traffic.Accelerator("x", 1e15, float("inf"), 1024, 1),
+     ValueError, "bandwidth"),
+    ("Accelerator bandwidth=True", lambda: traffic.Accelerator("x", 1e15, True, 1024, 1), TypeError,
+     "bandwidth"),
+    ("Accelerator sram=0", lambda: traffic.Accelerator("x", 1e15, 1e12, 0, 1), ValueError, "sram_per_sm"),
+    ("Accelerator n_sm=1.5", lambda: traffic.Accelerator("x", 1e15, 1e12, 1024, 1.5), TypeError, "n_sm"),
+    ("Accelerator name=3", lambda: traffic.Accelerator(3, 1e15, 1e12, 1024, 1), TypeError, "name"),
+    ("attainable(nan)", lambda: traffic.H100_SXM.attainable(float("nan")), ValueError, "intensity"),
+    ("attainable(-1)", lambda: traffic.H100_SXM.attainable(-1.0), ValueError, "intensity"),
+    ("attainable('3')", lambda: traffic.H100_SXM.attainable("3"), TypeError, "intensity"),
+    ("attainable(True)", lambda: traffic.H100_SXM.attainable(True), TypeError, "intensity"),
+    ("seconds('H100')", lambda: traffic.Traffic(10, 10).seconds("H100"), TypeError, "Accelerator"),
+    ("bound(None)", lambda: traffic.Traffic(10, 10).bound(None), TypeError, "Accelerator"),
+]
+
+
+@pytest.mark.parametrize("name,call,error,words", BAD, ids=[case[0] for case in BAD])
+def test_bad_inputs_get_a_clear_error(name, call, error, words):
+    with pytest.raises(error, match=words) as caught:
+        call()
+    assert "got" in str(caught.value), f"{name}: the message should say what arrived: {caught.value}"

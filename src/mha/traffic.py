@@ -12,7 +12,11 @@ The counts, all for one attention core (B batch, h heads, T queries, S keys, d =
 - `forward_tiled`: FlashAttention-2's forward, one query block at a time. `reuse=False` counts
   every re-read of a K/V tile from HBM (each query block streams the keys again: an upper
   bound); `reuse=True` counts q, k, v read and out written once, as when the re-reads hit the
-  L2 cache (the lower bound). Causal tiles above the diagonal are skipped (`flash.tile_schedule`).
+  L2 cache (the lower bound). Causal tiles above the diagonal are skipped (`flash.tile_schedule`;
+  the diagonal aligned bottom-right: query t sees keys s <= t + S - T, as in a KV-cache prefill).
+  A ragged last block counts the rows or keys it has, no more: its masked loads read nothing past
+  the end. FLOPs count the (query, key) products of the computed tiles, the masked ones of a
+  diagonal tile included, the padding of a ragged tile not (a GPU multiplies that by zeros).
 - `backward_tiled`: FlashAttention-2's backward: 5 matmuls per tile (the scores recomputed, then
   dV, dP, dQ, dK) where the forward has 2, so 2.5x the forward's FLOPs; q, dout, lse and delta
   re-read per tile and dq read and written back in float32 (FA-2's atomic adds), or, with
@@ -26,11 +30,30 @@ has HBM3e at 4.8 TB/s instead of HBM3 at 3.35 TB/s).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
+
+import numpy as np
 
 from .flash import SKIPPED, tile_schedule
 from .kv_cache import H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S
 from .validate import require_int
+
+
+def _require_rate(name: str, value: object) -> float:
+    """value as a float if it is a positive, finite real number (a bool is refused), else raise."""
+    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
+    if not (math.isfinite(value) and value > 0):
+        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
+    return float(value)
+
+
+def _require_flag(name: str, value: object) -> bool:
+    """value as a bool; a string or a number is refused (causal="no" would read as True)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
+    return bool(value)
 
 
 @dataclass(frozen=True)
@@ -43,6 +66,14 @@ class Accelerator:
     sram_per_sm: int  # bytes of shared memory one SM's program may use
     n_sm: int
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.name, str):
+            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
+        _require_rate("peak_flops", self.peak_flops)
+        _require_rate("bandwidth", self.bandwidth)
+        require_int("sram_per_sm", self.sram_per_sm)
+        require_int("n_sm", self.n_sm)
+
     @property
     def ridge(self) -> float:
         """FLOPs per byte above which a kernel is bound by arithmetic, not by memory."""
@@ -50,6 +81,11 @@ class Accelerator:
 
     def attainable(self, intensity: float) -> float:
         """The roofline: the most FLOP/s a kernel of this intensity can reach, min(peak, I * bandwidth)."""
+        if isinstance(intensity, bool) or not isinstance(intensity, int | float | np.integer | np.floating):
+            raise TypeError(f"intensity must be a number (FLOPs per byte), got "
+                            f"{type(intensity).__name__} {intensity!r}")
+        if not intensity >= 0:  # NaN fails this too
+            raise ValueError(f"intensity must be >= 0 FLOPs per byte, got {intensity!r}")
         return min(self.peak_flops, intensity * self.bandwidth)
 
 
@@ -65,12 +101,23 @@ sparsity in the data sheet) with 141 GB of HBM3e at 4.8 TB/s."""
 ACCELERATORS = (H100_SXM, H200_SXM)
 
 
+def _require_accelerator(acc: object) -> Accelerator:
+    if not isinstance(acc, Accelerator):
+        raise TypeError(f"acc must be a traffic.Accelerator (e.g. traffic.H100_SXM), got "
+                        f"{type(acc).__name__} {acc!r}")
+    return acc
+
+
 @dataclass(frozen=True)
 class Traffic:
     """FLOPs and HBM bytes of one kernel."""
 
     flops: int
     bytes: int
+
+    def __post_init__(self) -> None:
+        require_int("flops", self.flops, minimum=0)
+        require_int("bytes", self.bytes)  # at least one byte: the intensity divides by it
 
     @property
     def intensity(self) -> float:
@@ -79,11 +126,12 @@ class Traffic:
 
     def seconds(self, acc: Accelerator) -> float:
         """The roofline's lower bound on the time: max(FLOPs / peak, bytes / bandwidth)."""
+        acc = _require_accelerator(acc)
         return max(self.flops / acc.peak_flops, self.bytes / acc.bandwidth)
 
     def bound(self, acc: Accelerator) -> str:
         """"memory" or "compute": the bound this kernel meets on `acc`."""
-        return "memory" if self.intensity < acc.ridge else "compute"
+        return "memory" if self.intensity < _require_accelerator(acc).ridge else "compute"
 
 
 LSE_BYTES = 4  # lse and delta stay float32 whatever the inputs' dtype
@@ -103,10 +151,17 @@ def forward_math(B: int, h: int, T: int, S: int, d: int, itemsize: int) -> Traff
     return Traffic(4 * B * h * T * S * d, itemsize * B * h * per_head)  # causal: still all of (T, S)
 
 
-def _tiles(T: int, S: int, block_q: int, block_k: int, causal: bool) -> int:
-    """The (block_q, block_k) tiles a tiled kernel computes: all, or those not above the diagonal."""
+def _tiles(T: int, S: int, block_q: int, block_k: int, causal: bool) -> list[tuple[int, int]]:
+    """(rows, keys) of each tile a tiled kernel computes: all, or those not above the diagonal.
+
+    A ragged last block counts the rows or keys it really has: its masked loads read nothing
+    beyond the end (S = 65 with 64-key blocks is 64 + 1 keys, not 2 x 64).
+    """
+    block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
+    causal = _require_flag("causal", causal)
     kinds = tile_schedule(T, S, block_q, block_k, causal=causal, offset=S - T if causal else 0)
-    return int((kinds != SKIPPED).sum())
+    return [(min(block_q, T - i * block_q), min(block_k, S - j * block_k))
+            for i, j in zip(*np.nonzero(kinds != SKIPPED), strict=True)]
 
 
 def forward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal: bool = False,
@@ -114,9 +169,13 @@ def forward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal:
     """FlashAttention-2's forward: q read and out, lse written once; K/V tiles once per computed tile (or once, reuse)."""
     _check(B, h, T, S, d, itemsize)
     tiles = _tiles(T, S, block_q, block_k, causal)
-    flops = 4 * B * h * tiles * block_q * block_k * d  # 2 matmuls of 2 bq bk d FLOPs per tile
+    pairs = sum(rows * keys for rows, keys in tiles)  # (query, key) products computed
+    flops = 4 * B * h * pairs * d  # 2 matmuls of 2 d FLOPs per (query, key) pair
     once = itemsize * (2 * T * d) + LSE_BYTES * T  # q read, out written, lse written
-    kv = itemsize * 2 * S * d if reuse else itemsize * 2 * tiles * block_k * d  # K and V tiles
+    if _require_flag("reuse", reuse):
+        kv = itemsize * 2 * S * d  # K and V read once
+    else:
+        kv = itemsize * 2 * d * sum(keys for _, keys in tiles)  # K and V tiles, per computed tile
     return Traffic(flops, B * h * (once + kv))
 
 
@@ -125,10 +184,10 @@ def backward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal
     """FlashAttention-2's backward (key blocks outside): FLOPs 2.5x the forward's, bytes as in the module docstring."""
     _check(B, h, T, S, d, itemsize)
     tiles = _tiles(T, S, block_q, block_k, causal)
-    flops = 10 * B * h * tiles * block_q * block_k * d  # 5 matmuls of 2 bq bk d FLOPs per tile
-    if reuse:  # read q, k, v, out, dout, lse, delta once; write dq, dk, dv once
+    flops = 10 * B * h * d * sum(rows * keys for rows, keys in tiles)  # 5 matmuls of 2 d per pair
+    if _require_flag("reuse", reuse):  # read q, k, v, out, dout, lse, delta once; write dq, dk, dv once
         nbytes = itemsize * (3 * T * d + 2 * S * d + T * d + 2 * S * d) + 2 * LSE_BYTES * T
     else:  # per key block: K, V read and dK, dV written; per tile: q, dout, lse, delta read, dq in float32 read + written
-        nbytes = itemsize * 4 * S * d + tiles * (itemsize * 2 * block_q * d + 2 * LSE_BYTES * block_q
-                                                 + 2 * LSE_BYTES * block_q * d)
+        rows = sum(r for r, _ in tiles)  # query rows summed over the computed tiles
+        nbytes = itemsize * 4 * S * d + rows * (itemsize * 2 * d + 2 * LSE_BYTES + 2 * LSE_BYTES * d)
     return Traffic(flops, B * h * nbytes)
