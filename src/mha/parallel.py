@@ -65,11 +65,11 @@ def check_qkv(q: Any, k: Any, v: Any, dout: Any = None) -> tuple[int, int, int, 
     require_shape("k", k, (("B", B), ("h_kv", None), ("T", T), ("d_k", d_k)))
     h_kv = int(k.shape[1])
     require_shape("v", v, (("B", B), ("h_kv", h_kv), ("T", T), ("d_k", d_k)))
-    if dout is not None:
-        require_shape("dout", dout, (("B", B), ("h", h), ("T", T), ("d_k", d_k)))
     if min(B, h, T, d_k, h_kv) < 1:
         raise ValueError(f"q (B, h, T, d_k) and k (B, h_kv, T, d_k) need every size >= 1, got q "
                          f"{tuple(q.shape)}, k {tuple(k.shape)}")
+    if dout is not None:
+        require_shape("dout", dout, (("B", B), ("h", h), ("T", T), ("d_k", d_k)))
     if h % h_kv:
         raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
                          f"(grouped-query attention), got h_kv={h_kv}")
@@ -334,7 +334,10 @@ def ring_rank_backward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, pos: t
     and dk, dv travel, in the compute dtype (float32 for float16 / bfloat16), rounded at the end.
     """
     _check_rank(q, k, v, pos, world_size)
-    require_shape("dout", dout, tuple(("BhTd"[i], n) for i, n in enumerate(q.shape)))
+    legend = tuple(zip(("B", "h", "T", "d_k"), q.shape, strict=True))  # q's (B, h, T_r, d_k)
+    for name, t, want in (("out", out, legend), ("lse", lse, legend[:3]), ("dout", dout, legend)):
+        _require_tensor(name, t, "like q" if name != "lse" else "(B, h, T)")
+        require_shape(name, t, want)
     rule = causal_rule(causal) if rule is None else rule
     block_grads = block_backward if block_grads is None else block_grads
     T_r = q.shape[2]
