@@ -20,7 +20,7 @@ REPORTS   := .ci-reports
 TEACHER ?= 0
 
 .PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
-.PHONY: student-pack
+.PHONY: student-pack gpu-check
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
@@ -29,6 +29,7 @@ help:
 	@echo "make site       render the series as a static website in $(SITE)/ (open $(SITE)/index.html)"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
+	@echo "make gpu-check  on a CUDA machine: CUDA tests, GPU lessons, SDPA + Triton benchmarks (benchmarks/results/gpu-check/)"
 	@echo "make assignments  build the students' versions of the graded assignments"
 	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers)"
 	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs (A=A1 STUDENT=alice)"
@@ -125,6 +126,22 @@ bench: $(VENV)/.dev-installed
 	$(BIN)/python benchmarks/flash_blocks.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/generation.py $(BENCH_ARGS)
 	$(BIN)/python benchmarks/llama_attention.py $(BENCH_ARGS)
+
+# The GPU half in one go (benchmarks/gpu_check.py): every CUDA test, nbval of the lessons with
+# GPU cells, the SDPA and Triton benchmarks, with the torch, CUDA, cuDNN, triton and driver
+# versions, into benchmarks/results/gpu-check/summary.md; about 4 minutes on one H200, 8 at
+# most. Without an NVIDIA driver it says so and exits 0 before installing anything. With one,
+# it installs $(VENV) first if needed (CPU=auto then takes PyPI's CUDA build; that needs PyPI
+# once). Offline, GPU_PYTHON=python3 runs with that interpreter and src/ instead: it must have
+# torch's CUDA build, pytest, pytest-xdist, nbval, hypothesis, triton, matplotlib and tqdm.
+# GPU_CHECK_ARGS="--only sdpa-bench" runs one step again.
+GPU_PYTHON ?=
+gpu-check:
+	@$(firstword $(GPU_PYTHON) $(wildcard $(BIN)/python) python3) benchmarks/gpu_check.py --preflight; \
+	rc=$$?; if [ $$rc = 3 ]; then exit 0; elif [ $$rc != 0 ]; then exit $$rc; fi; \
+	$(if $(GPU_PYTHON),,$(MAKE) --no-print-directory $(VENV)/.dev-installed &&) \
+	$(if $(GPU_PYTHON),PYTHONPATH=src$(if $(PYTHONPATH),:$(PYTHONPATH)) $(GPU_PYTHON),$(BIN)/python) \
+	  benchmarks/gpu_check.py $(GPU_CHECK_ARGS)
 
 # Graded assignments (nbgrader, headless): see notebooks/assignments/README.md.
 assignments: $(VENV)/.dev-installed
