@@ -530,6 +530,11 @@ def main(argv: list[str] | None = None, *, probe_fn: Callable[[str], dict] | Non
         return 1
     say(f"    {info.get('gpu')} ({info.get('capability')}), torch {info.get('torch')}, "
         f"CUDA {info.get('torch_cuda')}, cuDNN {info.get('cudnn')}, driver {smi.get('driver')}")
+    if not info.get("c_compiler") or not info.get("python_h"):
+        say("    warning: Triton builds a small C launcher for each kernel (and torch.compile's "
+            "inductor compiles C too): it needs a C compiler and Python.h (Debian: gcc, "
+            f"python3-dev); found compiler {info.get('c_compiler')}, Python.h "
+            f"{'yes' if info.get('python_h') else 'no'}")
     mods = info.get("modules", {})
     steps = plan(args.python, out, gpu_lessons(), cuda_test_files(),
                  xdist=mods.get("xdist") is not None, root=root)

@@ -99,7 +99,7 @@ def test_with_cuda_it_runs_every_step_in_order_within_the_budget(tmp_path, monke
     assert all(t <= s.timeout_s for (_, t), s in zip(stub.calls, steps, strict=True))
     for n, name in enumerate(STEPS, 1):
         assert f"[{n}/4] {name}" in said, f"no progress line for {name}"
-    assert "4 of 4 steps passed" in said
+    assert "4 of 4 steps passed" in said and "warning" not in said
     assert (out / "triton_flash.md").exists(), "the Triton table is kept with the results"
     versions = json.loads((out / "versions.json").read_text())
     assert versions["driver"] == "580.159.03" and versions["cudnn"] == 91002
@@ -123,6 +123,12 @@ def test_the_summary_names_versions_steps_failures_and_skips(tmp_path, monkeypat
     assert "(1 passed, 1 failed, 1 skipped)" in results["cuda-tests"]
     assert "- FAILED tests.test_a::test_broken" in text
     assert "- skipped tests.test_b::test_two_gpus: needs CUDA: 2 GPUs" in text
+
+
+def test_a_missing_c_compiler_is_warned_about_before_triton_fails(tmp_path, monkeypatch):
+    monkeypatch.setitem(FAKE, "c_compiler", None)
+    rc, _, _, said = _fake_run(tmp_path, monkeypatch)
+    assert rc == 0 and "warning: Triton builds a small C launcher" in said and "gcc" in said
 
 
 def test_only_reruns_the_named_steps_and_refuses_unknown_names(tmp_path, monkeypatch):
@@ -242,3 +248,45 @@ def test_the_probe_reports_torch_and_whether_cuda_is_in_reach():
         assert info["gpu"] == torch.cuda.get_device_name(0) and gc.cuda_problem(info) is None
     elif info["torch_cuda"] is None:  # this CPU build, beside a driver, would be explained
         assert "CPU-only build" in gc.cuda_problem(info)
+
+
+def test_the_probe_s_cuda_branch_with_cuda_faked(monkeypatch):
+    torch = pytest.importorskip("torch")
+    props = type("Props", (), {"total_memory": 150 * 2**30})()
+    for name, fake in [("is_available", lambda: True), ("device_count", lambda: 1),
+                       ("get_device_name", lambda i=0: "NVIDIA H200"),
+                       ("get_device_capability", lambda i=0: (9, 0)),
+                       ("get_device_properties", lambda i=0: props)]:
+        monkeypatch.setattr(torch.cuda, name, fake)
+    monkeypatch.setattr(torch.backends.cudnn, "version", lambda: 91002)
+    info = gc.versions()
+    assert (info["gpu"], info["capability"], info["gpu_memory_gib"], info["cudnn"]) == \
+        ("NVIDIA H200", "sm_90", 150.0, 91002)
+    assert gc.cuda_problem(info) is None
+    assert json.loads(json.dumps(info)) == info, "the probe's answer travels as JSON"
+
+
+def _script(path: Path, body: str) -> str:
+    path.write_text("#!/bin/sh\n" + body + "\n")
+    path.chmod(0o755)
+    return str(path)
+
+
+def test_probe_reads_the_last_json_line_and_reports_a_hang_or_a_crash(tmp_path):
+    ok = _script(tmp_path / "ok", 'echo "a warning"; echo \'{"cuda_available": true}\'')
+    assert gc.probe(ok) == {"cuda_available": True}
+    hang = gc.probe(_script(tmp_path / "hang", "sleep 30"), timeout_s=0.5)
+    assert "took over" in hang["error"] and "took over" in gc.cuda_problem(hang)
+    crash = gc.probe(_script(tmp_path / "crash", "echo 'no torch' >&2; exit 1"))
+    assert "exited 1" in crash["error"] and "no torch" in crash["error"]
+
+
+def test_nvidia_smi_gives_the_driver_and_its_whole_output(tmp_path, monkeypatch):
+    _script(tmp_path / "nvidia-smi", 'if [ -n "$1" ]; then echo "NVIDIA H200, 580.159.03, 143771 MiB"; '
+            'else echo "| NVIDIA-SMI 580.159.03  Driver Version: 580.159.03 |"; fi')
+    monkeypatch.setenv("PATH", f"{tmp_path}{os.pathsep}{os.environ['PATH']}")
+    text, smi = gc.nvidia_smi()
+    assert "Driver Version: 580.159.03" in text
+    assert smi == {"smi_gpu": "NVIDIA H200", "driver": "580.159.03", "smi_memory": "143771 MiB"}
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert gc.nvidia_smi() == ("nvidia-smi not found on PATH\n", {})
