@@ -119,6 +119,10 @@ def plan(python: str, out: Path, lessons: list[Path], test_files: list[Path],
     sdpa = (python, "benchmarks/sdpa_backends.py", "--device", "cuda", "--dtypes",
             "bfloat16,float32", "--T", "1024,4096,16384", "--repeats", "10", "--min-time", "0.2",
             "--out-dir", str(out))
+    if not test_files:  # pytest given no path would run its testpaths: the whole suite
+        tests = ()
+    if not rel:
+        nbval = ()
     return [
         Step("cuda-tests", "pytest: tests marked 'needs CUDA', tests naming cuda, "
              + ", ".join(CUDA_FILES), tests, 160, 90, junit="cuda-tests.xml",
@@ -390,6 +394,10 @@ def run_steps(steps: list[Step], out: Path, runner: Runner, budget_s: float, mod
         say(f"\n[{n}/{len(steps)}] {step.name}: {step.what}\n"
             f"    timeout {step.timeout_s:.0f} s (about {step.estimate_s:.0f} s on an H200), "
             f"{max(left, 0):.0f} s of the budget left")
+        if not step.cmd:
+            outcomes.append(Outcome(step, "failed", note="found nothing to run"))
+            say(f"    -> failed: {outcomes[-1].note}")
+            continue
         if missing:
             outcomes.append(Outcome(step, "not run", note=f"missing module(s): {', '.join(missing)}"))
             say(f"    -> not run: {outcomes[-1].note}")

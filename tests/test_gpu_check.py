@@ -184,6 +184,14 @@ def test_a_step_whose_modules_are_missing_is_not_run_and_counts_as_failed(tmp_pa
     assert called == [] and out[0].status == "not run" and "nbval" in out[0].note
 
 
+def test_no_cuda_test_or_gpu_lesson_found_fails_rather_than_running_the_whole_suite(tmp_path):
+    steps = gc.plan("python", tmp_path, lessons=[], test_files=[])
+    assert [s.cmd for s in steps[:2]] == [(), ()]
+    out = gc.run_steps(steps[:2], tmp_path, lambda *a: pytest.fail("ran an empty step"), 10,
+                       modules={}, say=lambda m: None)
+    assert [(o.status, o.note) for o in out] == [("failed", "found nothing to run")] * 2
+
+
 def test_a_pytest_step_that_ran_no_test_fails(tmp_path):
     step = gc.Step("cuda-tests", "pytest", ("true",), 10, 1, junit="cuda-tests.xml")
 
