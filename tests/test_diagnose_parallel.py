@@ -342,3 +342,17 @@ def test_verdicts_survive_a_refused_reference():
         assert dp.step_diagnosis(dp.planted_step()).ok
         assert run_ring().ok
         assert dp.pairs_diagnosis(pairs, globals()).ok
+
+
+def test_the_pairs_and_their_slips_agree_with_what_the_ring_code_does():
+    """The counts A7 grades stay those of mha.parallel: the allowed pairs are the least any rank can
+    score, the ring code's own count (ring_stats) exceeds them only by its own block's masked part,
+    and the "blocks" slip is the number of blocks the code scores something of."""
+    for T, W, layout in dp.PAIRS_CASES:
+        pairs = dp._work(T, W, layout)
+        assert pairs == parallel.causal_work(T, W, layout)
+        stats = parallel.ring_stats(T, W, layout)
+        assert [s["blocks"] for s in stats] == dp._pair_slips(T, W, layout)["blocks"][0]
+        for r, (s, p) in enumerate(zip(stats, parallel.rank_positions(T, W, layout), strict=True)):
+            own_masked = len(p) ** 2 - int((p[None, :] <= p[:, None]).sum())
+            assert s["scores"] - pairs[r] == own_masked, f"T={T} W={W} {layout} rank {r}: {s}"
