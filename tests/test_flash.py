@@ -385,3 +385,228 @@ def test_merge_partials_bad_input_names_what_was_expected():
         flash.merge_partials(out, lse, out, np.zeros((1, 2, 4)))
     with pytest.raises(TypeError, match="lse_a must be a floating-point array"):
         flash.merge_partials(out, np.zeros((1, 2, 3), dtype=int), out, lse)
+
+
+# ---- float16: the running state, the accumulator and lse in float32 ---------------------------
+HALF_ROUNDING = 2.0**-11  # one float16 rounding: at most half an ulp, 2^-11 of the value (10 bits kept)
+
+
+def _golden(q, k, v, causal=False, offset=0):
+    """Steps 3-6 and lse in float64 from the float16 inputs (exact there): the exact answer."""
+    return reference(*(a.astype(np.float64) for a in (q, k, v)), causal=causal, offset=offset)
+
+
+def _within_one_half_rounding(got, exact, work_err):
+    """|got - exact| <= one float16 rounding of exact, plus the float32 work's error (elementwise)."""
+    err = np.abs(got.astype(np.float64) - exact)
+    bound = HALF_ROUNDING * (np.abs(exact) + work_err) + work_err + 2.0**-24  # 2^-24: float16's subnormal step
+    return float((err / bound).max(initial=0.0))
+
+
+def test_float16_large_scores_give_the_right_answer_not_nan():
+    """q = k = 100 at d_k = 64: q.k / 8 = 80000 is past float16's 65504; the core gives 1, so must flash."""
+    q = np.full((1, 1, 4, 64), 100, np.float16)
+    k, v = np.full((1, 1, 16, 64), 100, np.float16), np.ones((1, 1, 16, 64), np.float16)
+    with np.errstate(all="raise"):  # no overflow anywhere: the scores are float32
+        out, lse = flash.flash_attention(q, k, v, block_q=2, block_k=4)
+        split, split_lse = flash.split_kv_attention(q, k, v, n_splits=3)
+    for o, ls in ((out, lse), (split, split_lse)):
+        assert np.array_equal(o, np.ones_like(o)), f"expected all ones (v = 1), got {np.unique(o)}"
+        np.testing.assert_allclose(ls, 80000 + math.log(16), rtol=2**-22)
+        assert o.dtype == np.float16 and ls.dtype == np.float32
+
+
+@settings(max_examples=40, deadline=None)
+@given(T=st.integers(1, 40), S=st.integers(1, 300), bq=st.integers(1, 48), bk=st.integers(1, 96),
+       d_k=st.sampled_from([8, 64]), size=st.sampled_from([1.0, 4.0, 30.0]), causal=st.booleans(),
+       seed=st.integers(0, 2**16))
+def test_float16_is_within_one_rounding_of_the_exact_answer(T, S, bq, bk, d_k, size, causal, seed):
+    """out within one float16 rounding of the exact (float64) answer, lse within float32's error.
+
+    Computed in float16 the running sum ell and the accumulator lose 2^-11 of themselves at every
+    block and the scores overflow past 65504 (size 30 at d_k = 64: 7200 x 8); in float32 the only
+    float16 error left is the final rounding of out. The float32 work's own error is bounded by
+    d_k + S roundings of 2^-24 of the largest |q||k| product sum and |v|.
+    """
+    rng = np.random.default_rng(seed)
+    q = (size * rng.normal(size=(1, 2, T, d_k))).astype(np.float16)
+    k = (size * rng.normal(size=(1, 2, S, d_k))).astype(np.float16)
+    v = rng.normal(size=(1, 2, S, d_k)).astype(np.float16)
+    with np.errstate(over="raise", invalid="raise"):
+        out, lse = flash.flash_attention(q, k, v, causal=causal, block_q=bq, block_k=bk)
+    want, want_lse = _golden(q, k, v, causal)
+    scores_abs = np.abs(q.astype(np.float64)) @ np.abs(k.astype(np.float64)).swapaxes(-1, -2) / math.sqrt(d_k)
+    # float32's error: a score off by (d_k + 4) 2^-24 of its |q||k| sum moves out by twice that
+    # times |v|; the sums over S keys add S roundings of 2^-24 of |v|
+    work_err = 2.0**-24 * float(np.abs(v).max()) * (S + 4 + 2 * (d_k + 4) * float(scores_abs.max()))
+    ratio = _within_one_half_rounding(out, want, work_err)
+    assert ratio <= 1, f"out is {ratio:.2f} x one float16 rounding (+ float32 work) from the exact answer"
+    finite = np.isfinite(want_lse)
+    lse_bound = (d_k + S + 4) * 2.0**-24 * (float(scores_abs.max()) + 1) + math.log(S + 1) * 2.0**-23
+    lse_err = float(np.abs(lse[finite] - want_lse[finite]).max(initial=0.0))
+    assert lse_err <= lse_bound, f"lse off by {lse_err:.3g}, float32 allows {lse_bound:.3g}"
+    assert out.dtype == np.float16 and lse.dtype == np.float32  # out rounded once, lse kept in float32
+
+
+def test_float16_split_kv_and_the_one_pass_row_within_one_rounding():
+    """Flash decoding and attend_one_pass keep their states in float32 too."""
+    rng = np.random.default_rng(13)
+    q = (4 * rng.normal(size=(1, 2, 1, 64))).astype(np.float16)  # one new token
+    k = (4 * rng.normal(size=(1, 2, 2048, 64))).astype(np.float16)
+    v = rng.normal(size=(1, 2, 2048, 64)).astype(np.float16)
+    want, want_lse = _golden(q, k, v)
+    work_err = (64 + 2048) * 2.0**-24 * float(np.abs(v).max())
+    out, lse = flash.split_kv_attention(q, k, v, n_splits=8)
+    assert _within_one_half_rounding(out, want, work_err) <= 1
+    assert float(np.abs(lse - want_lse).max()) <= 1e-3
+    assert out.dtype == np.float16 and lse.dtype == np.float32
+    row = (q[0, 0, 0].astype(np.float32) @ k[0, 0].astype(np.float32).T / 8).astype(np.float16)  # (S,)
+    one, m, ell = flash.attend_one_pass(flash.ScoreStream(row, 64), v[0, 0])
+    w = np.exp(row.astype(np.float64) - row.max())
+    exact = (w / w.sum()) @ v[0, 0].astype(np.float64)  # (d_v,)
+    assert _within_one_half_rounding(one, exact, work_err) <= 1 and one.dtype == np.float16
+
+
+def test_float16_partials_merge_in_float32():
+    """Two float16 halves merged: the weights exp(lse_i - lse) in float32, out rounded once."""
+    rng = np.random.default_rng(14)
+    q, k, v = (rng.normal(size=(1, 2, n, 64)) for n in (8, 16, 16))  # (B, h, T|S, d_k)
+    k[:, :, 8:] *= 4  # the second half holds most of the softmax mass
+    q, k, v = (a.astype(np.float16) for a in (q, k, v))
+    halves = [flash.flash_attention(q, k[:, :, a:a + 8], v[:, :, a:a + 8]) for a in (0, 8)]
+    out, lse = flash.merge_partials(*halves[0], *halves[1])
+    want, want_lse = _golden(q, k, v)
+    work_err = 64 * 2.0**-24 * float(np.abs(v).max())
+    # each half was rounded to float16 once already: allow its rounding and the merged one's
+    assert _within_one_half_rounding(out, want, work_err + HALF_ROUNDING * float(np.abs(v).max())) <= 1
+    assert float(np.abs(lse - want_lse).max()) <= 1e-4
+    assert out.dtype == np.float16 and lse.dtype == np.float32
+
+
+# ---- the causal tile skip at its edge ---------------------------------------------------------
+@st.composite
+def causal_edges(draw):
+    """(T, S, offset, block_q, block_k, dead): a key block's first key is a query block's last visible key.
+
+    Query t sees keys s <= t + offset. A query block is drawn, and a key block whose first key s0 is
+    exactly what the block's last query t may still see (offset = s0 - t): a skip rule off by one
+    towards skipping drops that tile. Keys from `dead` on (whole key blocks after T + offset) are
+    seen by no query: a rule off by one the other way reads them.
+    """
+    bq, bk = draw(st.integers(1, 8)), draw(st.integers(1, 8))
+    T = draw(st.integers(1, 4 * bq))
+    t_last = min(draw(st.integers(0, (T - 1) // bq)) * bq + bq, T) - 1  # a query block's last query
+    s0 = draw(st.integers(0, 4)) * bk  # a key block's first key
+    offset = s0 - t_last
+    dead = -(-(T + offset) // bk) * bk  # the first whole key block no query may see
+    S = max(s0 + draw(st.integers(1, 2 * bk)), dead + draw(st.integers(0, 2 * bk)))
+    return T, S, offset, bq, bk, min(dead, S)
+
+
+def edge_case(T, S, offset, dead, seed=0, d=4):
+    """q, k, v drawn, and k, v with the keys no query may see set to NaN (a kernel must not read them)."""
+    q, k, v = _qkv(np.random.default_rng(seed), 2, 2, T, S, d)
+    k_nan, v_nan = k.copy(), v.copy()
+    k_nan[:, :, dead:], v_nan[:, :, dead:] = np.nan, np.nan  # (B, h, S - dead, d): never visible
+    return q, k, v, k_nan, v_nan
+
+
+def _forward_edge_error(T, S, offset, bq, bk, dead, seed=0):
+    """Max error of the tiled forward (unseen keys NaN) against the steps (clean keys); inf for NaN."""
+    q, k, v, k_nan, v_nan = edge_case(T, S, offset, dead, seed)
+    out, lse = flash.flash_attention(q, k_nan, v_nan, causal=True, block_q=bq, block_k=bk, offset=offset)
+    want, want_lse = reference(q, k, v, causal=True, offset=offset)
+    if not (np.isfinite(out).all() and np.array_equal(np.isneginf(lse), np.isneginf(want_lse))):
+        return math.inf  # a key no query may see was read
+    finite = np.isfinite(want_lse)
+    return max(float(np.abs(out - want).max(initial=0.0)),
+               float(np.abs(lse[finite] - want_lse[finite]).max(initial=0.0)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=causal_edges(), seed=st.integers(0, 2**16))
+@pytest.mark.filterwarnings("ignore:invalid value")  # NaN keys, read only by a wrong skip
+def test_the_forward_tile_skip_at_its_edge(case, seed):
+    T, S, offset, bq, bk, dead = case
+    kinds = flash.tile_schedule(T, S, bq, bk, offset=offset)
+    edge = [(i, j) for i in range(kinds.shape[0]) for j in range(kinds.shape[1])
+            if j * bk == min((i + 1) * bq, T) - 1 + offset]  # first key == the block's last visible
+    assert edge and all(kinds[i, j] != flash.SKIPPED for i, j in edge), "the draw reaches the edge"
+    assert (kinds[:, dead // bk:] == flash.SKIPPED).all()  # the NaN keys: whole skipped blocks
+    assert _forward_edge_error(T, S, offset, bq, bk, dead, seed) <= 1e-12
+
+
+def planted(fn, old: str, new: str):
+    """A copy of a flash function with one piece of its source replaced: a planted bug."""
+    import inspect
+    import textwrap
+    src = textwrap.dedent(inspect.getsource(fn))
+    assert src.count(old) == 1, f"{old!r} is not (once) in {fn.__name__}"
+    namespace = dict(vars(flash))
+    exec(compile(src.replace(old, new), f"<planted {fn.__name__}>", "exec"), namespace)
+    return namespace[fn.__name__]
+
+
+FORWARD_SKIP = "if causal and s0 > t1 - 1 + offset:"
+FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "if causal and s0 >= t1 - 1 + offset:",
+                      "reads a tile no query of the block may see": "if causal and s0 > t1 + offset:"}
+EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (lesson 15's case)
+
+
+@pytest.mark.parametrize("wrong", list(FORWARD_OFF_BY_ONE))
+@pytest.mark.filterwarnings("ignore:invalid value")
+def test_the_edge_check_catches_a_forward_skip_off_by_one(wrong, monkeypatch):
+    assert _forward_edge_error(*EDGE) <= 1e-12
+    monkeypatch.setattr(flash, "_tiled", planted(flash._tiled, FORWARD_SKIP, FORWARD_OFF_BY_ONE[wrong]))
+    assert _forward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"
+
+
+# ---- bad input: a clear error naming what was expected and what arrived ----------------------
+def _bad_calls():
+    q, k, v = _qkv(np.random.default_rng(15), 1, 2, 5, 7, 4)
+    out, lse = flash.flash_attention(q, k, v)
+    mask = np.ones((5, 7), dtype=bool)
+    state, one_row = flash.empty_state((2,), 3, 4, np.float64), flash.empty_state((2,), 1, 4, np.float64)
+    torch = pytest.importorskip("torch")
+    return [
+        ("mask where causal goes", lambda: flash.flash_attention(q, k, v, mask), TypeError,
+         r"causal must be True or False, got ndarray of shape \(5, 7\) \(a mask\? pass it as mask=...\)"),
+        ("causal a string", lambda: flash.tile_schedule(4, 4, 2, 2, causal="no"), TypeError,
+         "causal must be True or False, got str 'no'"),
+        ("backward: mask where causal goes", lambda: flash.flash_attention_backward(q, k, v, out, lse, out, mask),
+         TypeError, "causal must be True or False"),
+        ("torch tensors", lambda: flash.flash_attention(*(torch.tensor(a) for a in (q, k, v))), TypeError,
+         r"q must be a numpy array, got Tensor \(for tensors use mha.triton_flash, or .numpy\(\)\)"),
+        ("split-KV torch", lambda: flash.split_kv_attention(q, torch.tensor(k), v), TypeError,
+         "k must be a numpy array, got Tensor"),
+        ("backward torch dout", lambda: flash.flash_attention_backward(q, k, v, out, lse, torch.tensor(out)),
+         TypeError, "dout must be a numpy array, got Tensor"),
+        ("mixed dtypes", lambda: flash.flash_attention(q.astype(np.float16), k, v), TypeError,
+         "q, k, v must share one dtype .*, got float16, float64, float64"),
+        ("backward dout of another dtype", lambda: flash.flash_attention_backward(
+            q, k, v, out, lse, out.astype(np.float32)), TypeError,
+         r"dout must have the dtype of q, k, v \(float64\), got float32"),
+        ("block_q a bool", lambda: flash.flash_attention(q, k, v, block_q=True), TypeError,
+         "block_q must be an int, got bool True"),
+        ("block_k a float", lambda: flash.flash_attention_backward(q, k, v, out, lse, out, block_k=2.0),
+         TypeError, "block_k must be an int, got float 2.0"),
+        ("empty_state of ints", lambda: flash.empty_state((2,), 3, 4, np.int64), TypeError,
+         "dtype must be a floating-point dtype .*, got int64"),
+        ("empty_state negative rows", lambda: flash.empty_state((2,), -1, 4, np.float64), ValueError,
+         "rows must be >= 0, got -1"),
+        ("merge_states of different rows", lambda: flash.merge_states(state, one_row), ValueError,
+         r"b's m must have the shape of a's, \(2, 3, 1\), got \(2, 1, 1\)"),
+        ("merge_states of a pair", lambda: flash.merge_states(state, state[:2]), TypeError,
+         "b must be a state \\(m, ell, acc\\), got tuple of length 2"),
+        ("three passes over an array", lambda: flash.softmax_three_passes(np.ones(3)), TypeError,
+         r"scores must be a ScoreStream \(flash.ScoreStream\(row, block\)\), got ndarray"),
+        ("one pass over an array", lambda: flash.attend_one_pass(np.ones(3), np.ones((3, 2))), TypeError,
+         "scores must be a ScoreStream"),
+    ]
+
+
+@pytest.mark.parametrize("name", [c[0] for c in _bad_calls()])
+def test_bad_input_in_any_public_function_names_what_was_expected(name):
+    [(call, error, match)] = [c[1:] for c in _bad_calls() if c[0] == name]
+    with pytest.raises(error, match=match):
+        call()

@@ -9,6 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import bench, flash, grad, steps
+from tests.test_flash import EDGE, causal_edges, edge_case, planted
 
 
 def _case(seed, B, h, T, S, d_k, d_v, dtype=np.float64):
@@ -125,3 +126,89 @@ def test_bad_input_names_what_was_expected(kwargs, match):
     args = dict(q=q, k=k, v=v, out=out, lse=lse, dout=dout) | kwargs
     with pytest.raises((ValueError, TypeError), match=match):
         flash.flash_attention_backward(**args)
+
+
+# ---- float16: delta, P and the gradient sums in float32, each gradient rounded once -------------
+@settings(max_examples=25, deadline=None)
+@given(T=st.integers(1, 40), S=st.integers(1, 200), bq=st.integers(1, 48), bk=st.integers(1, 64),
+       size=st.sampled_from([1.0, 4.0, 30.0]), causal=st.booleans(), seed=st.integers(0, 2**16))
+def test_float16_gradients_within_one_rounding_of_the_exact_ones(T, S, bq, bk, size, causal, seed):
+    """Each of dq, dk, dv within one float16 rounding of the exact (float64) gradient of the float16
+    forward, plus the float32 work's error (bounded by float32 autograd's own, four times over).
+
+    Kept in float16, delta, the tile sums and the scores (size 30: q.k / 8 past 65504) lose that.
+    """
+    q, k, v, dout = _case(seed, 1, 2, T, S, 64, 64, np.float16)
+    q, k = (size * q.astype(np.float32)).astype(np.float16), (size * k.astype(np.float32)).astype(np.float16)
+    allowed = steps.causal_mask(T, S) if causal else None
+    with np.errstate(over="raise", invalid="raise"):
+        out, lse = flash.flash_attention(q, k, v, causal, block_q=bq, block_k=bk)
+        got = flash.flash_attention_backward(q, k, v, out, lse, dout, causal, block_q=bq, block_k=bk)
+    exact = _autograd(q, k, v, dout, allowed)  # float64, from the float16 inputs (exact there)
+    fp32 = _autograd32(q, k, v, dout, allowed)  # the float32 work's own error
+    # delta = rowsum(dout * out) reads the float16 out, as FA-2 does: its rounding, at most
+    # 2^-11 |dout| |out| per row, reaches dq through P K / sqrt(d) and dk through P^T (. ) Q / sqrt(d)
+    q64, k64, d64 = (a.astype(np.float64) for a in (q, k, dout))
+    w = np.exp(np.where(allowed if allowed is not None else True,
+                        q64 @ k64.swapaxes(-1, -2) / 8.0, -np.inf) - lse[..., None])  # (B, h, T, S)
+    slip = 2.0**-11 * (np.abs(d64) * np.abs(out.astype(np.float64))).sum(-1)  # (B, h, T)
+    from_delta = (slip[..., None] * np.abs(k64).max() / 8.0,  # dq (B, h, T, 1)
+                  (w.swapaxes(-1, -2) @ slip[..., None]) * np.abs(q64).max() / 8.0,  # dk (B, h, S, 1)
+                  0.0)  # dv does not use delta
+    for name, g, ex, ex32, fd in zip(("dq", "dk", "dv"), got, exact, fp32, from_delta, strict=True):
+        work = 4 * float(np.abs(ex32 - ex).max()) + 2.0**-24
+        bound = 2.0**-11 * np.abs(ex) + work + fd
+        ratio = float((np.abs(g.astype(np.float64) - ex) / bound).max(initial=0.0))
+        assert ratio <= 1, f"{name}: {ratio:.2f} x one float16 rounding plus float32's error"
+        assert g.dtype == np.float16, f"{name}: expected float16, got {g.dtype}"
+
+
+def _autograd32(q, k, v, dout, allowed):
+    """The same gradients by torch autograd in float32 (the float32 work's own error)."""
+    leaves = [torch.tensor(a, dtype=torch.float32, requires_grad=True) for a in (q, k, v)]
+    scores = leaves[0] @ leaves[1].transpose(-1, -2) / math.sqrt(q.shape[-1])  # (B, h, T, S)
+    if allowed is not None:
+        scores = scores.masked_fill(~torch.as_tensor(allowed), float("-inf"))
+    out = torch.softmax(scores, dim=-1) @ leaves[2]
+    grads = torch.autograd.grad(out, leaves, torch.tensor(dout, dtype=torch.float32))
+    return [g.double().numpy() for g in grads]
+
+
+# ---- the backward's causal skip at its edge -------------------------------------------------
+def _backward_edge_error(T, S, offset, bq, bk, dead, seed=0):
+    """Max error of the tiled backward (unseen keys NaN) against autograd (clean keys); inf for NaN."""
+    q, k, v, k_nan, v_nan = edge_case(T, S, offset, dead, seed)
+    dout = np.random.default_rng(seed + 1).normal(size=(2, 2, T, 4))  # (B, h, T, d_v)
+    out, lse = flash.flash_attention(q, k, v, causal=True, block_q=bq, block_k=bk, offset=offset)
+    got = flash.flash_attention_backward(q, k_nan, v_nan, out, lse, dout, causal=True, block_q=bq,
+                                         block_k=bk, offset=offset)
+    if not all(np.isfinite(g).all() for g in got):
+        return math.inf  # a key no query may see was read
+    return _max_err(got, _autograd(q, k, v, dout, steps.causal_mask(T, S, offset=offset)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(case=causal_edges(), seed=st.integers(0, 2**16))
+@pytest.mark.filterwarnings("ignore:invalid value")  # NaN keys, read only by a wrong skip
+def test_the_backward_tile_skip_at_its_edge(case, seed):
+    """Key blocks outside: the first query block computed is the one holding query s0 - offset."""
+    T, S, offset, bq, bk, dead = case
+    assert any(j * bk - offset == min((i + 1) * bq, T) - 1  # key block j's first key: query i's last
+               for i in range(-(-T // bq)) for j in range(-(-S // bk))), "the draw reaches the edge"
+    assert _backward_edge_error(T, S, offset, bq, bk, dead, seed) < 1e-12
+
+
+BACKWARD_SKIP = "if causal and s0 > t1 - 1 + offset:\n                continue"
+BACKWARD_OFF_BY_ONE = {
+    "drops the query block whose last query sees s0": BACKWARD_SKIP.replace(">", ">="),
+    "reads a query block that sees none of the keys": BACKWARD_SKIP.replace("t1 - 1 + offset", "t1 + offset"),
+}
+
+
+@pytest.mark.parametrize("wrong", list(BACKWARD_OFF_BY_ONE))
+@pytest.mark.filterwarnings("ignore:invalid value")
+def test_the_edge_check_catches_a_backward_skip_off_by_one(wrong, monkeypatch):
+    assert _backward_edge_error(*EDGE) < 1e-12
+    bad = planted(flash._tiled_backward, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong])
+    monkeypatch.setattr(flash, "_tiled_backward", bad)
+    assert _backward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"

@@ -24,6 +24,11 @@ Passes over the scores (`ScoreStream` counts them): the stable softmax reads a r
 and normalises in a second (`softmax_two_passes`); only fused with the weighted sum, the output
 rescaled instead of the weights, is it one pass (`attend_one_pass`, and the tiles below).
 
+Precision: float16 inputs are computed in float32 (`work_dtype`): the scores, the running m and
+ell, the accumulator, lse and the backward's delta and gradient sums, as FlashAttention's kernels
+and PyTorch's SDPA math path do; the output is rounded to float16 once, at the end. float32 and
+float64 inputs are computed in their own dtype. lse is returned in the working dtype.
+
 Shape legend: B batch, h heads, T queries, S keys, d_k head width (d_v for values).
 """
 
@@ -36,7 +41,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .validate import mask_shape, require_float, require_int, require_shape, shape_of
+from .validate import is_torch, mask_shape, require_float, require_int, require_shape, shape_of
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 """Tile kinds in `tile_schedule`: never computed, computed with some keys masked, all computed."""
@@ -72,8 +77,16 @@ class ScoreStream:
         return self.reads / self.row.size if self.row.size else 0.0
 
 
+def _require_stream(scores: ScoreStream) -> None:
+    """Refuse anything but a ScoreStream: the pass counters live on it."""
+    if not isinstance(scores, ScoreStream):
+        raise TypeError(f"scores must be a ScoreStream (flash.ScoreStream(row, block)), "
+                        f"got {type(scores).__name__}")
+
+
 def softmax_three_passes(scores: ScoreStream) -> tuple[np.ndarray, float, float]:
     """The stable softmax as steps.softmax computes it: max, then sum, then normalise -> (w, m, ell)."""
+    _require_stream(scores)
     m = max((float(x.max()) for x in scores), default=-np.inf)  # pass 1: the row max
     if m == -np.inf:
         return np.zeros_like(scores.row), m, 0.0  # nothing allowed: zeros, as steps.softmax
@@ -89,6 +102,7 @@ def softmax_two_passes(scores: ScoreStream) -> tuple[np.ndarray, float, float]:
     so ell always equals sum(exp(seen - m)). The weights need the final ell, known only after
     the last block: that second pass stays. An all -inf row gives zeros, as steps.softmax.
     """
+    _require_stream(scores)
     m, ell = -np.inf, 0.0
     for x in scores:  # pass 1: max and sum together
         m_new = max(m, float(x.max()))
@@ -109,15 +123,18 @@ def attend_one_pass(scores: ScoreStream, v: np.ndarray) -> tuple[np.ndarray, flo
     rescaled by exp(m_old - m_new) with ell, and divided once at the end. The weights are never
     written, so no pass goes back over the scores (FlashAttention's inner loop, for one row).
     """
+    _require_stream(scores)
     v = np.asarray(v)
     require_float("v", v)
     require_shape("v", v, (("S", scores.row.size), ("d_v", None)))
-    state, s0 = empty_state((), 1, v.shape[-1], np.result_type(scores.row, v)), 0
+    dtype = np.result_type(scores.row, v)
+    work = work_dtype(dtype)  # float16: the running state in float32
+    state, s0 = empty_state((), 1, v.shape[-1], work), 0
     for x in scores:  # the only pass: the tiled kernel's update, on one row
-        vb, s0 = v[s0:s0 + x.size], s0 + x.size  # (bk, d_v): the values of this block
-        state = _update(state, x[None, :].copy(), vb)  # (1, bk): _update works in place on a copy
+        vb, s0 = v[s0:s0 + x.size].astype(work, copy=False), s0 + x.size  # (bk, d_v): this block's values
+        state = _update(state, x[None, :].astype(work), vb)  # (1, bk): _update works in place on a copy
     out, _ = _finish(state)  # (1, d_v): one division, on d_v numbers
-    return out[0], float(state[0][0, 0]), float(state[1][0, 0])
+    return out[0].astype(dtype, copy=False), float(state[0][0, 0]), float(state[1][0, 0])
 
 
 def online_softmax(row: np.ndarray, block: int) -> tuple[np.ndarray, float, float]:
@@ -148,8 +165,24 @@ TILE_BUDGET_BYTES = 2 * 2**20
 Read at every call, so it can be tuned for a machine (benchmarks/flash_blocks.py sweeps it)."""
 
 
+def work_dtype(dtype: np.dtype) -> np.dtype:
+    """The dtype the tiles are computed in: float32 for float16 (or narrower), else dtype itself.
+
+    float16 keeps 11 bits and ends at 65504: q.k of entries of 100 at d_k = 64 is already inf, and a
+    running sum over thousands of keys loses the small terms. FlashAttention keeps m, ell, the
+    accumulator and lse in float32 and rounds the output once; so does this code.
+    """
+    return np.promote_types(np.dtype(dtype), np.float32)
+
+
 def empty_state(lead: tuple[int, ...], rows: int, d_v: int, dtype: np.dtype) -> State:
     """The state before any key is seen: m = -inf, ell = 0, acc = 0."""
+    if not isinstance(lead, tuple):
+        raise TypeError(f"lead must be a tuple of ints (the leading axes), got {type(lead).__name__}")
+    lead = tuple(require_int("lead", n, minimum=0) for n in lead)
+    rows, d_v = require_int("rows", rows, minimum=0), require_int("d_v", d_v, minimum=0)
+    if not np.issubdtype(np.dtype(dtype), np.floating):
+        raise TypeError(f"dtype must be a floating-point dtype (the state holds -inf), got {np.dtype(dtype)}")
     m = np.full(lead + (rows, 1), -np.inf, dtype=dtype)  # (..., rows, 1)
     return m, np.zeros_like(m), np.zeros(lead + (rows, d_v), dtype=dtype)  # (..., rows, d_v)
 
@@ -177,11 +210,30 @@ def merge_states(a: State, b: State) -> State:
     m = max(m1, m2); each side is rescaled to the common max by exp(m_i - m) before adding,
     so ell and acc mean sum(exp(score - m)) over both sets. An empty side (m = -inf) adds 0.
     """
-    (m1, ell1, acc1), (m2, ell2, acc2) = a, b
+    (m1, ell1, acc1), (m2, ell2, acc2) = _check_state("a", a), _check_state("b", b)
+    for name, x, y in (("m", m1, m2), ("ell", ell1, ell2), ("acc", acc1, acc2)):
+        if shape_of(x) != shape_of(y):
+            raise ValueError(f"b's {name} must have the shape of a's, {shape_of(x)}, got {shape_of(y)} "
+                             f"(merging needs the same rows; a broadcast would be silently wrong)")
     m = np.maximum(m1, m2)  # (..., rows, 1)
     base = np.where(np.isfinite(m), m, 0.0)  # both empty: exp(-inf - 0) = 0, no NaN
     w1, w2 = np.exp(m1 - base), np.exp(m2 - base)  # (..., rows, 1) each
     return m, w1 * ell1 + w2 * ell2, w1 * acc1 + w2 * acc2
+
+
+def _check_state(name: str, state: State) -> State:
+    """A state (m, ell, acc) with m, ell (..., rows, 1) and acc (..., rows, d_v); else a clear error."""
+    if not isinstance(state, tuple | list) or len(state) != 3:
+        raise TypeError(f"{name} must be a state (m, ell, acc), got {type(state).__name__}"
+                        + (f" of length {len(state)}" if isinstance(state, tuple | list) else ""))
+    m, ell, acc = state
+    for part, x in (("m", m), ("ell", ell), ("acc", acc)):
+        require_float(f"{name}'s {part}", x)
+    if m.ndim < 2 or m.shape[-1] != 1 or shape_of(ell) != shape_of(m) or \
+            shape_of(acc)[:-1] != shape_of(m)[:-1]:
+        raise ValueError(f"{name} must be (m (..., rows, 1), ell like m, acc (..., rows, d_v)), got "
+                         f"shapes {shape_of(m)}, {shape_of(ell)}, {shape_of(acc)}")
+    return m, ell, acc
 
 
 def _finish(state: State) -> tuple[np.ndarray, np.ndarray]:
@@ -251,18 +303,21 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
     `mask` is boolean, True = may attend, (T, S), (B, T, S) or (B|1, h|1, T, S).
     block_q, block_k: ints, or None for `choose_blocks` to pick them from the shapes;
     `budget` (bytes, default TILE_BUDGET_BYTES) is the working set it picks them (and the heads
-    per step) for.
+    per step) for. float16 is computed in float32 (module docstring); out has the inputs' dtype,
+    lse the working one.
     """
     B, h, T, S, d_k = _check_qkv(q, k, v)
-    offset = _require_offset(offset)
-    dtype = np.result_type(q, k, v)
-    block_q, block_k, cells = _plan(B, h, T, S, d_k, dtype.itemsize, mask, block_q, block_k, budget)
+    causal, offset = _require_bool("causal", causal), _require_offset(offset)
+    dtype = q.dtype
+    work = work_dtype(dtype)
+    block_q, block_k, cells = _plan(B, h, T, S, d_k, work.itemsize, mask, block_q, block_k, budget)
+    q, k, v = (a.astype(work, copy=False) for a in (q, k, v))  # float16 -> float32, once; else no copy
     out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
-    lse = np.full((B, h, T), -np.inf, dtype=dtype)  # (B, h, T)
+    lse = np.full((B, h, T), -np.inf, dtype=work)  # (B, h, T)
     for b, heads, mask_g in cells:  # FA-2's grid is (batch, head, query block): each cell independent
         out[b, heads], lse[b, heads] = _tiled(q[b, heads], k[b, heads], v[b, heads], mask_g,
                                               causal, offset, block_q, block_k)  # (g, T, d_v)
-    return out, lse
+    return out, lse  # out rounded to the inputs' dtype once, by the assignment above
 
 
 def _plan(B: int, h: int, T: int, S: int, d: int, itemsize: int, mask: np.ndarray | None,
@@ -289,9 +344,12 @@ def _plan(B: int, h: int, T: int, S: int, d: int, itemsize: int, mask: np.ndarra
 
 def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool,
            offset: int, block_q: int, block_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """flash_attention for g heads of one batch item: q (g, T, d_k), k (g, S, d_k), v (g, S, d_v)."""
+    """flash_attention for g heads of one batch item: q (g, T, d_k), k (g, S, d_k), v (g, S, d_v).
+
+    q, k, v arrive in the working dtype; out and lse are returned in it.
+    """
     (g, T, d_k), S, d_v = q.shape, k.shape[1], v.shape[-1]
-    dtype = np.result_type(q, k, v)
+    dtype = q.dtype
     out = np.empty((g, T, d_v), dtype=dtype)  # (g, T, d_v)
     lse = np.empty((g, T), dtype=dtype)  # (g, T)
     scale = np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # keeps float32 as float32
@@ -326,25 +384,34 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: n
     the sum over all keys of P * dP (15_backward_pass.ipynb). Loop order of FA-2's backward:
     key blocks outside (each owns its dk, dv, written once), query blocks inside (dq is added
     to from every key block; FA-2 uses atomic adds for it). Arguments as in `flash_attention`.
+    float16 is computed in float32 (delta, P, and the sums into dq, dk, dv); the gradients are
+    rounded to the inputs' dtype once, at the end.
     """
     B, h, T, S, d_k = _check_qkv(q, k, v)
     d_v = shape_of(v)[-1]
     for name, a, want in (("out", out, (B, h, T, d_v)), ("dout", dout, (B, h, T, d_v)),
                           ("lse", lse, (B, h, T))):
+        _require_array(name, a)
         require_float(name, a)
         if shape_of(a) != want:
             raise ValueError(f"{name} must have shape {want} (from q, k, v), got {shape_of(a)}")
-    offset = _require_offset(offset)
-    dtype = np.result_type(q, k, v, dout)
-    block_q, block_k, cells = _plan(B, h, T, S, max(d_k, d_v), dtype.itemsize, mask, block_q,
+    for name, a in (("out", out), ("dout", dout)):
+        if a.dtype != q.dtype:
+            raise TypeError(f"{name} must have the dtype of q, k, v ({q.dtype}), got {a.dtype}")
+    causal, offset = _require_bool("causal", causal), _require_offset(offset)
+    dtype = q.dtype
+    work = work_dtype(dtype)
+    block_q, block_k, cells = _plan(B, h, T, S, max(d_k, d_v), work.itemsize, mask, block_q,
                                     block_k, budget)
+    q, k, v, out, dout = (a.astype(work, copy=False) for a in (q, k, v, out, dout))  # float16 -> float32
+    lse = lse.astype(work, copy=False)
     delta = (dout * out).sum(axis=-1)  # (B, h, T): FA-2's preprocessing step, one number a row
-    dq, dk, dv = np.zeros_like(q, dtype=dtype), np.zeros_like(k, dtype=dtype), np.zeros_like(v, dtype=dtype)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)  # sums in the working dtype
     for b, hs, mask_g in cells:
         _tiled_backward(q[b, hs], k[b, hs], v[b, hs], lse[b, hs], dout[b, hs], delta[b, hs],
                         mask_g, causal, offset, block_q, block_k,
                         (dq[b, hs], dk[b, hs], dv[b, hs]))  # written in place: no copies
-    return dq, dk, dv
+    return tuple(g.astype(dtype, copy=False) for g in (dq, dk, dv))  # rounded once
 
 
 def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray,
@@ -353,11 +420,12 @@ def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray
                     grads: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
     """flash_attention_backward for g heads of one batch item: q (g, T, d_k), ...; fills grads.
 
-    grads = (dq (g, T, d_k) zeroed, dk (g, S, d_k), dv (g, S, d_v)), views of the full arrays.
+    grads = (dq (g, T, d_k) zeroed, dk (g, S, d_k), dv (g, S, d_v)), views of the full arrays;
+    everything arrives in the working dtype.
     """
     T, d_k = q.shape[1], q.shape[2]
     S = k.shape[1]
-    dtype = np.result_type(q, k, v, dout)
+    dtype = q.dtype
     scale = np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)
     base = np.where(np.isfinite(lse), lse, 0.0)[..., None]  # (g, T, 1): rows with no key get P = 0
     dq, dk, dv = grads  # dq is added to by every key block
@@ -365,9 +433,10 @@ def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray
         s1 = min(s0 + block_k, S)
         kj, vj = k[:, s0:s1], v[:, s0:s1]  # (g, bk, d_k), (g, bk, d_v)
         dk_j, dv_j = np.zeros_like(kj, dtype=dtype), np.zeros_like(vj, dtype=dtype)
-        first = max(0, s0 - offset) // block_q * block_q if causal else 0  # skip tiles above the diagonal
-        for t0 in range(first, T, block_q):  # inner loop: stream the query blocks
+        for t0 in range(0, T, block_q):  # inner loop: stream the query blocks
             t1 = min(t0 + block_q, T)
+            if causal and s0 > t1 - 1 + offset:
+                continue  # the forward's skip: every key here lies after every query, P = 0
             scores = (q[:, t0:t1] * scale) @ kj.swapaxes(-1, -2)  # (g,bq,d_k) @ (g,d_k,bk) -> (g,bq,bk)
             allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
             if allowed is not None:
@@ -394,8 +463,9 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     B, h, T, S, d_k = _check_qkv(q, k, v)
     n_splits = require_int("n_splits", n_splits)
     mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
-    dtype = np.result_type(q, k, v)
-    qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # (B, h, T, d_k)
+    out_dtype, dtype = q.dtype, work_dtype(q.dtype)  # float16: computed in float32
+    q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
+    qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)  # (B, h, T, d_k)
     edges = [i * S // n_splits for i in range(n_splits + 1)]  # chunk sizes differ by at most 1
     states = []
     for s0, s1 in zip(edges[:-1], edges[1:], strict=True):  # independent: one GPU block each
@@ -406,7 +476,8 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
                 np.copyto(scores, -np.inf, where=~mask4[..., s0:s1])  # (B|1, h|1, T, c)
             state = _update(state, scores.astype(dtype, copy=False), v[:, :, s0:s1])
         states.append(state)
-    return _finish(functools.reduce(merge_states, states))
+    out, lse = _finish(functools.reduce(merge_states, states))
+    return out.astype(out_dtype, copy=False), lse  # out rounded once; lse in the working dtype
 
 
 def merge_partials(out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray,
@@ -422,15 +493,20 @@ def merge_partials(out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray,
     require_shape("out_b", out_b, shape_of(out_a))
     require_shape("lse_a", lse_a, shape_of(out_a)[:-1])
     require_shape("lse_b", lse_b, shape_of(out_a)[:-1])
+    out_dtype = np.result_type(out_a, out_b)
+    work = work_dtype(np.result_type(out_dtype, lse_a, lse_b))  # float16 parts: merged in float32
+    out_a, lse_a, out_b, lse_b = (np.asarray(a, dtype=work) for a in (out_a, lse_a, out_b, lse_b))
     lse = np.logaddexp(lse_a, lse_b)  # (..., T)
     base = np.where(np.isfinite(lse), lse, 0.0)  # both sides empty: weights exp(-inf) = 0
     w_a = np.exp(lse_a - base)[..., None]  # (..., T, 1): A's share of the mass
     w_b = np.exp(lse_b - base)[..., None]  # (..., T, 1)
-    return w_a * out_a + w_b * out_b, lse
+    return (w_a * out_a + w_b * out_b).astype(out_dtype, copy=False), lse  # out rounded once
 
 
 def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int]:
     """Check q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v); return (B, h, T, S, d_k)."""
+    for name, a in (("q", q), ("k", k), ("v", v)):
+        _require_array(name, a)
     require_float("q", q)
     require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
     B, h, T, d_k = shape_of(q)
@@ -439,7 +515,26 @@ def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, i
     S = shape_of(k)[2]
     require_float("v", v)
     require_shape("v", v, (("B", B), ("h", h), ("S", S), ("d_v", None)))
+    if not q.dtype == k.dtype == v.dtype:
+        raise TypeError(f"q, k, v must share one dtype (as torch's SDPA requires), got {q.dtype}, "
+                        f"{k.dtype}, {v.dtype}: convert with .astype(...)")
     return B, h, T, S, d_k
+
+
+def _require_array(name: str, a: object) -> None:
+    """numpy arrays only: a torch tensor would be converted silently, one tile at a time."""
+    if not isinstance(a, np.ndarray):
+        hint = " (for tensors use mha.triton_flash, or .numpy())" if is_torch(a) else ""
+        raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}{hint}")
+
+
+def _require_bool(name: str, value: object) -> bool:
+    """value as a bool; anything else refused (a mask passed where `causal` goes, for one)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}"
+                        + (f" of shape {shape_of(value)} (a mask? pass it as mask=...)"
+                           if hasattr(value, "shape") else f" {value!r}"))
+    return bool(value)
 
 
 def _require_offset(offset: int) -> int:
@@ -452,7 +547,7 @@ def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = Tru
     """(n_query_blocks, n_key_blocks) array of SKIPPED / PARTIAL / FULL, for the causal mask."""
     T, S = require_int("T", T), require_int("S", S)
     block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
-    offset = _require_offset(offset)
+    causal, offset = _require_bool("causal", causal), _require_offset(offset)
     nq, nk = -(-T // block_q), -(-S // block_k)
     kinds = np.full((nq, nk), FULL, dtype=np.int8)
     if not causal:
