@@ -131,6 +131,12 @@ OTHER_SLIPS = [
     (lambda: next(parallel.ring_rank_backward(Q, K, V, torch.arange(16), Q, Q[..., 0], D[:, :, :4], 2)),
      ValueError, r"dout must be \(B=2, h=4, T=16, d_k=8\), got \(2, 4, 4, 8\)"),
     (lambda: next(parallel.ulysses_rank(Q, K, V.float(), torch.arange(16), 2)), TypeError, r"v must have q's dtype"),
+    (lambda: parallel.block_mask(np.arange(4), torch.arange(4), True), ValueError,
+     r"q_pos must be a 1-d tensor of global positions, got ndarray"),
+    (lambda: parallel.block_mask(torch.arange(4), torch.ones(2, 2).long(), True), ValueError,
+     r"k_pos must be a 1-d tensor of global positions, got shape \(2, 2\)"),
+    (lambda: parallel.simulate([], "ring"), TypeError, r"ranks must be a non-empty list of rank generators"),
+    (lambda: parallel.simulate([Q, K], "ring"), TypeError, r"ranks must be a non-empty list of rank generators"),
 ]
 
 

@@ -161,6 +161,10 @@ def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor
 
 def block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:
     """(T_q, T_k) True where a query at q_pos may see a key at k_pos (None: every key)."""
+    for name, t in (("q_pos", q_pos), ("k_pos", k_pos)):
+        if not isinstance(t, torch.Tensor) or t.ndim != 1:
+            got = f"shape {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{name} must be a 1-d tensor of global positions, got {got}")
     return (k_pos[None, :] <= q_pos[:, None]) if causal else None  # (T_q, T_k)
 
 
@@ -403,6 +407,9 @@ def simulate(ranks: Sequence[Generator], pattern: str) -> list[Any]:
     """
     if pattern not in ("ring", "all_to_all"):
         raise ValueError(f"pattern must be 'ring' or 'all_to_all', got {pattern!r}")
+    if isinstance(ranks, Generator) or not ranks or not all(isinstance(g, Generator) for g in ranks):
+        raise TypeError(f"ranks must be a non-empty list of rank generators (ring_rank(...), "
+                        f"ulysses_rank(...)), got {type(ranks).__name__}")
     W, results, sent = len(ranks), [None] * len(ranks), [None] * len(ranks)
     for r in range(W):
         sent[r] = _advance(ranks[r], None, results, r)
