@@ -219,7 +219,7 @@ def _span(part: slice, n: int) -> tuple[int, int]:
 
 
 def _count(stats: dict | None, q: torch.Tensor, rows: slice, keys: slice, S: int,
-           tile: list | None = None) -> None:
+           tile: tuple | None = None) -> None:
     """Add one computed tile to stats: "blocks" + 1, "scores" + B h rows keys (entries scored)."""
     if stats is None:
         return
