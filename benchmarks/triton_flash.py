@@ -4,8 +4,9 @@
 
 The goal set in issue 20: our kernel at no less than 60% of SDPA flash's throughput at T = 8192.
 Throughput is the causal core's FLOPs (`bench.attention_flops`) over the best time, both kernels
-timed in the same rounds (`bench.time_interleaved`). Without a CUDA device nothing is timed and
-the file says so: Triton's CPU interpreter measures numpy, not the kernel.
+timed in the same rounds (`bench.time_interleaved`). A last line compares the kernel's float32
+error with SDPA's math path (its dots are IEEE float32, not TF32). Without a CUDA device nothing
+is timed and the file says so: Triton's CPU interpreter measures numpy, not the kernel.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ def _row(B: int, h: int, T: int, d: int) -> str:
     """One measured table row: times, TFLOP/s and the ratio ours / SDPA flash."""
     g = torch.Generator(device="cuda").manual_seed(0)
     q, k, v = (torch.randn(B, h, T, d, device="cuda", dtype=torch.bfloat16, generator=g) for _ in range(3))
+    assert not triton_flash.interpreted(q, k, v), "CUDA tensors must take the compiled kernel"
     ours, _ = triton_flash.flash_forward(q, k, v, causal=True, block_q=128, block_k=64)
     want = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
     err = float((ours.float() - want.float()).abs().max())
@@ -38,6 +40,19 @@ def _row(B: int, h: int, T: int, d: int) -> str:
             f"{times['ours'].max_s * 1e3:.3f} | {times['sdpa'].min_s * 1e3:.3f} / "
             f"{times['sdpa'].median_s * 1e3:.3f} / {times['sdpa'].max_s * 1e3:.3f} | "
             f"{tf['ours']:.0f} | {tf['sdpa']:.0f} | {tf['ours'] / tf['sdpa']:.2f} | {err:.1e} |")
+
+
+def _float32_line(T: int = 1024, d: int = 128) -> str:
+    """float32 accuracy against float64, ours next to SDPA's math path: TF32 dots would show here."""
+    g = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(1, 4, T, d, device="cuda", dtype=torch.float32, generator=g) for _ in range(3))
+    golden = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
+    ours, _ = triton_flash.flash_forward(q, k, v, causal=True, block_q=32, block_k=32)
+    sdpa = bench.sdpa_core(q, k, v, causal=True, backend="math")  # float32 matmuls (TF32 off by default)
+    err_ours = float((ours.double() - golden).abs().max())
+    err_sdpa = float((sdpa.double() - golden).abs().max())
+    return (f"float32 (T = {T}, h = 4, causal): max |ours - float64| = {err_ours:.1e}, SDPA math "
+            f"float32 {err_sdpa:.1e} (the kernel's dots use input_precision='ieee', not TF32)")
 
 
 def main() -> int:
@@ -62,6 +77,7 @@ def main() -> int:
               "", "| T | ours ms (min / median / max) | SDPA flash ms | ours TFLOP/s | SDPA TFLOP/s | ours / SDPA | max abs diff |",
               "|---:|---|---|---:|---:|---:|---:|"]
     lines += [_row(*shape) for shape in SHAPES]
+    lines += ["", _float32_line()]
     OUT.write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

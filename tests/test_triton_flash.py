@@ -448,3 +448,18 @@ def test_compiled_float32_is_ieee_exact_and_cpu_tensors_still_run_beside_it():
     assert not triton_flash.interpreted(*(t.cuda() for t in (q, k, v)))
     out_cpu, _ = triton_flash.flash_forward(q, k, v, causal=True, block_q=32, block_k=32)
     assert float((out_cpu.double() - want).abs().max()) < 1e-5
+
+
+def test_the_benchmark_imports_on_a_cpu_and_says_it_did_not_run(tmp_path, monkeypatch):
+    """benchmarks/triton_flash.py is for a GPU: here it must import, write 'not run' and exit 0."""
+    import importlib.util
+
+    path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "benchmarks", "triton_flash.py")
+    spec = importlib.util.spec_from_file_location("triton_flash_benchmark", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    monkeypatch.setattr(module, "OUT", tmp_path / "triton_flash.md")
+    assert module.main() == 0
+    text = (tmp_path / "triton_flash.md").read_text()
+    assert "**Not run: no CUDA device.**" in text and text.count("| not run |") == len(module.SHAPES)
