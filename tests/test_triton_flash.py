@@ -5,6 +5,7 @@ are exercised here with CUDA mocked, and the compiled kernel's float32 dots are 
 Triton IR the compiler front end builds on the CPU (no GPU needed for that stage).
 """
 
+import contextlib
 import json
 import os
 import re
@@ -261,8 +262,9 @@ def test_the_launch_follows_the_device(monkeypatch, on_cuda):
     fakes = {}
 
     monkeypatch.setattr(triton_flash, "_kernel", lambda interpret: fakes.setdefault(interpret, _FakeLaunch(interpret)))
-    checked = []
+    checked, entered = [], []
     monkeypatch.setattr(triton_flash, "_require_compiled_language", lambda: checked.append(True))
+    monkeypatch.setattr(torch.cuda, "device", lambda device: entered.append(device) or contextlib.nullcontext())
     monkeypatch.setattr(triton_flash, "interpreted", lambda q, k, v: not on_cuda)
     before = os.environ.get("TRITON_INTERPRET")
     q, k, v = _qkv(50, 70, dtype=torch.bfloat16)
@@ -274,6 +276,7 @@ def test_the_launch_follows_the_device(monkeypatch, on_cuda):
     assert interpret_at_launch is (not on_cuda) and env_at_launch == ("0" if on_cuda else "1")
     assert kwargs["UPCAST"] is (not on_cuda), "UPCAST only under the interpreter"
     assert checked == ([True] if on_cuda else []), "compiling checks triton.language's mode first"
+    assert entered == ([q.device] if on_cuda else []), "a compiled launch runs on the tensors' GPU"
     assert args[7] == 70, "an offset past the last key is clamped to S (same mask, int32-safe)"
     assert os.environ.get("TRITON_INTERPRET") == before, "the environment is left as it was"
 
@@ -288,6 +291,10 @@ def test_compiling_after_triton_was_imported_for_the_interpreter_is_explained(mo
 
 def test_mixed_and_unsupported_devices_are_refused():
     q, k, v = _qkv(16, 16)
+    with pytest.raises(TypeError, match="k must be a torch.Tensor, got ndarray"):
+        triton_flash.interpreted(q, k.numpy(), v)
+    with pytest.raises(ValueError, match="one device, got cpu, meta, cpu"):
+        triton_flash.interpreted(q, k.to("meta"), v)
     with pytest.raises(ValueError, match="one device, got cpu, meta, cpu"):
         triton_flash.flash_forward(q, k.to("meta"), v)
     with pytest.raises(ValueError, match="CPU tensors .* or CUDA tensors .*, got device meta"):

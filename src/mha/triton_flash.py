@@ -144,8 +144,16 @@ def _require_flag(name: str, value: object) -> bool:
     return bool(value)
 
 
+def _require_tensors(q: object, k: object, v: object) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
+                            f"(a numpy array goes through torch.from_numpy)")
+
+
 def interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
     """True when the kernel runs in Triton's interpreter for these tensors (CPU), False when compiled (CUDA)."""
+    _require_tensors(q, k, v)
     devices = [t.device for t in (q, k, v)]
     if len(set(devices)) > 1:
         raise ValueError(f"q, k and v must be on one device, got {', '.join(map(str, devices))}")
@@ -157,10 +165,7 @@ def interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
     """Check q (B, h, T, d_k) and k, v (B, h, S, d_k) tensors of one float dtype; return (B, h, T, S, d_k)."""
-    for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
-                            f"(a numpy array goes through torch.from_numpy)")
+    _require_tensors(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
@@ -206,12 +211,12 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
         _require_compiled_language()
     kernel = _kernel(interpret)
     grid = (-(-T // block_q), B * h)  # one program per (query block, batch x head)
-    with _triton_mode(interpret):
+    on_device = contextlib.nullcontext() if interpret else torch.cuda.device(q.device)  # launch where they live
+    with _triton_mode(interpret), on_device:
         kernel[grid](qc, kc, vc, out, lse, T, S, offset, 1.0 / math.sqrt(d),
                      CAUSAL=causal, BLOCK_Q=block_q, BLOCK_K=block_k, D=d,
                      UPCAST=interpret and q.dtype in (torch.bfloat16, torch.float16))
     return out, lse
-
 
 
 def _require_compiled_language() -> None:
