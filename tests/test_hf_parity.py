@@ -218,3 +218,42 @@ def test_compare_with_llama_prints_a_stable_verdict() -> None:
     # HF's float32 RoPE keeps it about 1e-7 from float64: a float64-rounding bound must fail
     with pytest.raises(AssertionError, match=r"sdpa float64: max \|ours - HF\| = \d\.\d{3}e-0[78]"):
         hf.compare_with_llama(lengths=(7, 4, 2), n_new=1, impls=("sdpa",), bound=1e-12)
+
+
+# ---- f. the cache argument's name, as the lessons give it -------------------------------------------
+def test_the_installed_llama_attention_takes_cache_and_only_warns_on_past_key_values() -> None:
+    """transformers 5.24 renamed `past_key_values` to `cache`: the lessons and hf.run_hf use `cache`."""
+    import inspect
+    import warnings
+
+    from transformers.cache_utils import DynamicCache
+
+    assert "cache" in inspect.signature(LlamaAttention.forward).parameters
+    assert "past_key_values" not in inspect.signature(LlamaAttention.forward).parameters
+    cfg = hf.llama_config("eager")
+    attn = hf.llama_attention(cfg)
+    x = torch.randn(1, 3, cfg.hidden_size, dtype=torch.float64)
+    emb = hf.exact_tables(torch.arange(3)[None], attn.head_dim, rope_theta(cfg), torch.float64)
+    old = DynamicCache(config=cfg)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        attn(x, position_embeddings=emb, attention_mask=None, past_key_values=old)
+    assert old.get_seq_length() == 3  # the old name still reaches the cache ...
+    assert any("`past_key_values` is deprecated" in str(w.message) and "Use `cache`" in str(w.message)
+               for w in caught)  # ... with a deprecation warning
+
+
+@pytest.mark.parametrize("lesson", ["13_kv_cache", "16_positions_and_variants", "17_generation"])
+def test_the_lessons_name_the_cache_argument_past_key_values_only_to_explain_the_rename(lesson) -> None:
+    import pathlib
+    import re
+
+    import nbformat
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "notebooks" / f"{lesson}.ipynb"
+    text = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells)
+    for m in re.finditer("past_key_values", text):
+        around = text[max(0, m.start() - 300):m.end() + 300]
+        assert re.search(r"renam|deprecat", around), (
+            f"{lesson} names `past_key_values` without saying transformers 5.24 renamed it `cache`: "
+            f"...{text[max(0, m.start() - 80):m.end() + 80]}...")

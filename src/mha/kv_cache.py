@@ -9,7 +9,8 @@ only the new tokens. Each slot also keeps its token's POSITION. The module's for
 positions (`mha.compose.allowed`: key position <= query position), so a chunk of t_new queries
 after S - t_new cached keys is aligned bottom-right without any offset arithmetic, a
 left-padded batch (pads at position -1) is never read, and a sliding window needs only the
-last `window` keys: `window=` makes the cache a ring of `window` slots, O(window) memory.
+last `window` keys: `window=` makes the cache a ring of `window` slots, O(window) memory (of
+max_len slots when the window is longer: such a ring never wraps).
 Top-left alignment (what SDPA's `is_causal=True` does when t_new != S) lets the chunk see only
 the first keys: wrong, and shown by `align="top_left"`.
 
