@@ -53,6 +53,9 @@ def _triton_mode(interpret: bool) -> Iterator[None]:
     import triton  # imported here, outside the switch: triton.language keeps the mode it loads in
 
     knobs = getattr(triton, "knobs", None)
+    if knobs is not None and knobs.runtime.interpret == interpret:  # already so: nothing to switch
+        yield
+        return
     if knobs is not None:  # triton >= 3.4: the knob (and TRITON_INTERPRET with it) restored on exit
         with knobs.runtime.scope():
             knobs.runtime.interpret = interpret
