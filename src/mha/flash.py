@@ -436,7 +436,8 @@ def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray
         for t0 in range(0, T, block_q):  # inner loop: stream the query blocks
             t1 = min(t0 + block_q, T)
             if causal and s0 > t1 - 1 + offset:
-                continue  # the forward's skip: every key here lies after every query, P = 0
+                continue  # the forward's rule: every key here lies after every query, P = 0
+                # (a GPU kernel starts its loop at the first block not skipped instead)
             scores = (q[:, t0:t1] * scale) @ kj.swapaxes(-1, -2)  # (g,bq,d_k) @ (g,d_k,bk) -> (g,bq,bk)
             allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
             if allowed is not None:
