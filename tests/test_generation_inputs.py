@@ -249,6 +249,29 @@ def test_bad_positions_are_refused_and_leave_the_cache_unchanged(impl, pos, erro
     np.testing.assert_array_equal(host(cache.positions), before[2])
 
 
+@pytest.mark.parametrize("impl", ["numpy", "torch"])
+@pytest.mark.parametrize(("window", "causal", "error", "words"), [
+    (None, np.ones((3, 3), dtype=bool), TypeError, "causal must be True or False, got ndarray"),
+    (None, 1, TypeError, "causal must be True or False, got int 1"),
+    (None, "yes", TypeError, "causal must be True or False, got str 'yes'"),
+    (2, False, ValueError, "window=2 is a causal band"),
+], ids=["a-mask", "int", "str", "window-not-causal"])
+def test_a_bad_causal_is_refused_before_the_cache_changes(impl, window, causal, error, words):
+    m = numpy_mha.MultiHeadAttention(D, H, seed=3, rope="half", window=window)
+    x = np.random.default_rng(3).normal(size=(2, 3, D))
+    if impl == "torch":
+        m, x = torch_mha.MultiHeadAttention.from_numpy(m), torch.from_numpy(x)
+    cache = m.new_cache(2, 8)
+    m(x[:, :1], causal=True, cache=cache)
+    before = (len(cache), host(cache.K).copy(), host(cache.positions).copy())
+    with pytest.raises(error) as info:
+        m(x, causal=causal, cache=cache)
+    assert words in str(info.value), str(info.value)
+    assert len(cache) == before[0]
+    np.testing.assert_array_equal(host(cache.K), before[1])
+    np.testing.assert_array_equal(host(cache.positions), before[2])
+
+
 # ---- 2. generate(): prompts, n_new, max_len, cache -----------------------------------------------
 @pytest.fixture(scope="module")
 def twin():

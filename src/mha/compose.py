@@ -61,6 +61,15 @@ def require_bool(name: str, value: Any) -> bool:
     return bool(value)
 
 
+def require_causal(causal: Any, window: int | None) -> bool:
+    """causal as a bool, checked against the module's window before anything (a cache) changes."""
+    causal = require_bool("causal", causal)
+    if window is not None and not causal:
+        raise ValueError(f"window={window} is a causal band (a query reads its last {window} keys): "
+                         f"call with causal=True")
+    return causal
+
+
 def require_rope_base(rope_base: Any) -> float:
     """RoPE's base as a float: a finite real number > 1 (theta_i = base^(-2i/d_k) must fall)."""
     if isinstance(rope_base, bool | np.bool_) or not isinstance(rope_base, numbers.Real):

@@ -181,6 +181,7 @@ class MultiHeadAttention:
         (self-attention only) keeps k, v for the next call. The weights stay on `self.attn`.
         """
         B, T, S = self._check_inputs(x, context, mask, cache)
+        causal = compose.require_causal(causal, self.options.window)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
         k_pos = q_pos if context is None else np.arange(S)  # (T,)|(B, T), or the context's 0..S-1
         ctx = x if context is None else context

@@ -340,6 +340,7 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         ALiBi for any two sets of positions, and returns the heads (B, h, T, d_k).
         """
         B, T, S = self._check_inputs(x, context, mask, cache)
+        causal = compose.require_causal(causal, self.options.window)
         if core is not None:
             return self._forward_with_core(x, causal, positions, core, context, mask, cache)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
