@@ -234,15 +234,22 @@ def test_positions_as_a_list_give_the_arrays_answer(impl, pos):
     (3, TypeError, "got int 3"),
 ])
 def test_bad_positions_are_refused_and_leave_the_cache_unchanged(impl, pos, error, words):
-    m = numpy_mha.MultiHeadAttention(D, H, seed=2, rope="half")
-    x = np.random.default_rng(2).normal(size=(2, 3, D))
+    assert_refused_with_cache_unchanged(impl, dict(seed=2), dict(causal=True, positions=pos),
+                                        error, words)
+
+
+def assert_refused_with_cache_unchanged(impl: str, options: dict, call: dict, error: type,
+                                        words: str) -> None:
+    """A module holding one cached token refuses m(x, **call) with `words`; its cache is untouched."""
+    m = numpy_mha.MultiHeadAttention(D, H, rope="half", **options)
+    x = np.random.default_rng(options["seed"]).normal(size=(2, 3, D))
     if impl == "torch":
         m, x = torch_mha.MultiHeadAttention.from_numpy(m), torch.from_numpy(x)
     cache = m.new_cache(2, 8)
     m(x[:, :1], causal=True, cache=cache)
     before = (len(cache), host(cache.K).copy(), host(cache.positions).copy())
     with pytest.raises(error) as info:
-        m(x, causal=True, positions=pos, cache=cache)
+        m(x, cache=cache, **call)
     assert words in str(info.value), str(info.value)
     assert len(cache) == before[0]
     np.testing.assert_array_equal(host(cache.K), before[1])
@@ -257,19 +264,8 @@ def test_bad_positions_are_refused_and_leave_the_cache_unchanged(impl, pos, erro
     (2, False, ValueError, "window=2 is a causal band"),
 ], ids=["a-mask", "int", "str", "window-not-causal"])
 def test_a_bad_causal_is_refused_before_the_cache_changes(impl, window, causal, error, words):
-    m = numpy_mha.MultiHeadAttention(D, H, seed=3, rope="half", window=window)
-    x = np.random.default_rng(3).normal(size=(2, 3, D))
-    if impl == "torch":
-        m, x = torch_mha.MultiHeadAttention.from_numpy(m), torch.from_numpy(x)
-    cache = m.new_cache(2, 8)
-    m(x[:, :1], causal=True, cache=cache)
-    before = (len(cache), host(cache.K).copy(), host(cache.positions).copy())
-    with pytest.raises(error) as info:
-        m(x, causal=causal, cache=cache)
-    assert words in str(info.value), str(info.value)
-    assert len(cache) == before[0]
-    np.testing.assert_array_equal(host(cache.K), before[1])
-    np.testing.assert_array_equal(host(cache.positions), before[2])
+    assert_refused_with_cache_unchanged(impl, dict(seed=3, window=window), dict(causal=causal),
+                                        error, words)
 
 
 # ---- 2. generate(): prompts, n_new, max_len, cache -----------------------------------------------

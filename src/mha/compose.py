@@ -27,7 +27,14 @@ import numpy as np
 
 from . import steps
 from .posenc import PAIRINGS, alibi_slopes, position_bias, rope
-from .validate import is_torch, mask_shape, require_int, shape_of, torch  # torch: lazy
+from .validate import (  # torch: lazy
+    is_torch,
+    mask_shape,
+    require_bool,
+    require_int,
+    shape_of,
+    torch,
+)
 
 
 @dataclass(frozen=True)
@@ -52,13 +59,6 @@ class Options:
         parts += ["alibi=True"] if self.alibi else []
         parts += [f"window={self.window}"] if self.window is not None else []
         return ", ".join(parts)
-
-
-def require_bool(name: str, value: Any) -> bool:
-    """Return value as a bool if it is True or False (numpy's too), else raise TypeError."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 def require_causal(causal: Any, window: int | None) -> bool:

@@ -24,10 +24,12 @@ Passes over the scores (`ScoreStream` counts them): the stable softmax reads a r
 and normalises in a second (`softmax_two_passes`); only fused with the weighted sum, the output
 rescaled instead of the weights, is it one pass (`attend_one_pass`, and the tiles below).
 
-Precision: float16 inputs are computed in float32 (`work_dtype`): the scores, the running m and
-ell, the accumulator, lse and the backward's delta and gradient sums, as FlashAttention's kernels
-and PyTorch's SDPA math path do; the output is rounded to float16 once, at the end. float32 and
-float64 inputs are computed in their own dtype. lse is returned in the working dtype.
+Precision: float16 inputs are computed in float32 (`numpy_mha.compute_dtype`, the core's own
+rule): the scores, the running m and ell, the accumulator, lse and the backward's delta and
+gradient sums, as FlashAttention's kernels and PyTorch's SDPA math path do. float16 keeps 11 bits
+and ends at 65504 (q.k of entries of 100 at d_k = 64 is already inf), and a running sum over
+thousands of keys would lose the small terms. The output is rounded to float16 once, at the end;
+float32 and float64 inputs are computed in their own dtype. lse is returned in the working dtype.
 
 Shape legend: B batch, h heads, T queries, S keys, d_k head width (d_v for values).
 """
@@ -41,7 +43,16 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .validate import is_torch, mask_shape, require_float, require_int, require_shape, shape_of
+from .numpy_mha import compute_dtype
+from .validate import (
+    is_torch,
+    mask_shape,
+    require_bool,
+    require_float,
+    require_int,
+    require_shape,
+    shape_of,
+)
 
 SKIPPED, PARTIAL, FULL = 0, 1, 2
 """Tile kinds in `tile_schedule`: never computed, computed with some keys masked, all computed."""
@@ -128,7 +139,7 @@ def attend_one_pass(scores: ScoreStream, v: np.ndarray) -> tuple[np.ndarray, flo
     require_float("v", v)
     require_shape("v", v, (("S", scores.row.size), ("d_v", None)))
     dtype = np.result_type(scores.row, v)
-    work = work_dtype(dtype)  # float16: the running state in float32
+    work = compute_dtype(dtype)  # float16: the running state in float32
     state, s0 = empty_state((), 1, v.shape[-1], work), 0
     for x in scores:  # the only pass: the tiled kernel's update, on one row
         vb, s0 = v[s0:s0 + x.size].astype(work, copy=False), s0 + x.size  # (bk, d_v): this block's values
@@ -163,16 +174,6 @@ State = tuple[np.ndarray, np.ndarray, np.ndarray]
 TILE_BUDGET_BYTES = 2 * 2**20
 """Working set `choose_blocks` aims at: a few MiB, so each pass over the tile stays in cache.
 Read at every call, so it can be tuned for a machine (benchmarks/flash_blocks.py sweeps it)."""
-
-
-def work_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype the tiles are computed in: float32 for float16 (or narrower), else dtype itself.
-
-    float16 keeps 11 bits and ends at 65504: q.k of entries of 100 at d_k = 64 is already inf, and a
-    running sum over thousands of keys loses the small terms. FlashAttention keeps m, ell, the
-    accumulator and lse in float32 and rounds the output once; so does this code.
-    """
-    return np.promote_types(np.dtype(dtype), np.float32)
 
 
 def empty_state(lead: tuple[int, ...], rows: int, d_v: int, dtype: np.dtype) -> State:
@@ -307,9 +308,9 @@ def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = 
     lse the working one.
     """
     B, h, T, S, d_k = _check_qkv(q, k, v)
-    causal, offset = _require_bool("causal", causal), _require_offset(offset)
+    causal, offset = require_bool("causal", causal), _require_offset(offset)
     dtype = q.dtype
-    work = work_dtype(dtype)
+    work = compute_dtype(dtype)
     block_q, block_k, cells = _plan(B, h, T, S, d_k, work.itemsize, mask, block_q, block_k, budget)
     q, k, v = (a.astype(work, copy=False) for a in (q, k, v))  # float16 -> float32, once; else no copy
     out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
@@ -398,9 +399,9 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: n
     for name, a in (("out", out), ("dout", dout)):
         if a.dtype != q.dtype:
             raise TypeError(f"{name} must have the dtype of q, k, v ({q.dtype}), got {a.dtype}")
-    causal, offset = _require_bool("causal", causal), _require_offset(offset)
+    causal, offset = require_bool("causal", causal), _require_offset(offset)
     dtype = q.dtype
-    work = work_dtype(dtype)
+    work = compute_dtype(dtype)
     block_q, block_k, cells = _plan(B, h, T, S, max(d_k, d_v), work.itemsize, mask, block_q,
                                     block_k, budget)
     q, k, v, out, dout = (a.astype(work, copy=False) for a in (q, k, v, out, dout))  # float16 -> float32
@@ -464,7 +465,7 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     B, h, T, S, d_k = _check_qkv(q, k, v)
     n_splits = require_int("n_splits", n_splits)
     mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
-    out_dtype, dtype = q.dtype, work_dtype(q.dtype)  # float16: computed in float32
+    out_dtype, dtype = q.dtype, compute_dtype(q.dtype)  # float16: computed in float32
     q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
     qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)  # (B, h, T, d_k)
     edges = [i * S // n_splits for i in range(n_splits + 1)]  # chunk sizes differ by at most 1
@@ -495,7 +496,7 @@ def merge_partials(out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray,
     require_shape("lse_a", lse_a, shape_of(out_a)[:-1])
     require_shape("lse_b", lse_b, shape_of(out_a)[:-1])
     out_dtype = np.result_type(out_a, out_b)
-    work = work_dtype(np.result_type(out_dtype, lse_a, lse_b))  # float16 parts: merged in float32
+    work = compute_dtype(np.result_type(out_dtype, lse_a, lse_b))  # float16 parts: merged in float32
     out_a, lse_a, out_b, lse_b = (np.asarray(a, dtype=work) for a in (out_a, lse_a, out_b, lse_b))
     lse = np.logaddexp(lse_a, lse_b)  # (..., T)
     base = np.where(np.isfinite(lse), lse, 0.0)  # both sides empty: weights exp(-inf) = 0
@@ -529,15 +530,6 @@ def _require_array(name: str, a: object) -> None:
         raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}{hint}")
 
 
-def _require_bool(name: str, value: object) -> bool:
-    """value as a bool; anything else refused (a mask passed where `causal` goes, for one)."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be True or False, got {type(value).__name__}"
-                        + (f" of shape {shape_of(value)} (a mask? pass it as mask=...)"
-                           if hasattr(value, "shape") else f" {value!r}"))
-    return bool(value)
-
-
 def _require_offset(offset: int) -> int:
     """offset as an int of any sign; bool and float refused, as steps.causal_mask refuses them."""
     return require_int("offset", offset, minimum=-sys.maxsize - 1)
@@ -548,7 +540,7 @@ def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = Tru
     """(n_query_blocks, n_key_blocks) array of SKIPPED / PARTIAL / FULL, for the causal mask."""
     T, S = require_int("T", T), require_int("S", S)
     block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
-    causal, offset = _require_bool("causal", causal), _require_offset(offset)
+    causal, offset = require_bool("causal", causal), _require_offset(offset)
     nq, nk = -(-T // block_q), -(-S // block_k)
     kinds = np.full((nq, nk), FULL, dtype=np.int8)
     if not causal:

@@ -27,7 +27,7 @@ import numpy as np
 from . import compose
 from .bench import Timing, time_fn
 from .numpy_mha import MultiHeadAttention, float_dtype
-from .validate import is_torch, require_int, torch  # torch: lazy
+from .validate import is_torch, require_bool, require_int, torch  # torch: lazy
 
 PAD = 0
 """Token id written in pad slots (never read: pads have position -1)."""
@@ -186,7 +186,7 @@ def generate(model: Any, prompts: Sequence[Sequence[int]], n_new: int, cache: bo
     default (T the padded prompt width); a window longer than that just never wraps.
     """
     n_new = require_int("n_new", n_new)
-    cache = compose.require_bool("cache", cache)
+    cache = require_bool("cache", cache)
     tokens, positions = left_pad(prompts, model)
     B, T = tokens.shape
     fed = T + n_new - 1  # the prompt columns, then every new token but the last
@@ -235,7 +235,7 @@ def token_seconds(model: Any, context: int, cache: bool, repeats: int = 5, B: in
     after each (`truncate`). Without: time one forward over all context + 1 tokens.
     """
     context = require_int("context", context)
-    cache = compose.require_bool("cache", cache)
+    cache = require_bool("cache", cache)
     repeats, B = require_int("repeats", repeats), require_int("B", B)
     torch_model = _is_torch_model(model)
     ids = np.random.default_rng(0).integers(0, model.vocab, (B, context + 1))  # (B, context + 1)

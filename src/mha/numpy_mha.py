@@ -89,6 +89,7 @@ def compute_dtype(dtype: np.dtype) -> np.dtype:
     averages of value rows, so both fit float16 again once computed. PyTorch's SDPA math path
     (`_scaled_dot_product_attention_math`) upcasts half q, k, v to float32 the same way.
     """
+    dtype = np.dtype(dtype)
     return np.dtype(np.float32) if dtype == np.float16 else dtype
 
 

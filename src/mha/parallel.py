@@ -37,16 +37,14 @@ from .torch_mha import (
     repeat_kv,
     upcast,
 )
-from .validate import require_int, require_shape
+from .validate import require_int, require_shape, require_tensor
 
 LAYOUTS = ("contiguous", "zigzag")
 
 
 def _require_tensor(name: str, x: Any, what: str) -> None:
     """Raise TypeError unless x is a floating-point torch.Tensor (`what` names its expected shape)."""
-    if not isinstance(x, torch.Tensor):
-        hint = " (convert it with torch.from_numpy)" if type(x).__module__ == "numpy" else ""
-        raise TypeError(f"{name} must be a torch.Tensor {what}, got {type(x).__name__}{hint}")
+    require_tensor(name, x, what)
     if not x.is_floating_point():
         raise TypeError(f"{name} must hold floating-point numbers, got dtype {x.dtype}")
 
@@ -106,8 +104,7 @@ def rank_positions(T: int, world_size: int, layout: str = "contiguous") -> list[
 def shard(x: torch.Tensor, world_size: int, layout: str = "contiguous", dim: int = 2
           ) -> list[torch.Tensor]:
     """Split x along its sequence axis `dim` into the ranks' pieces (contiguous copies)."""
-    if not isinstance(x, torch.Tensor):
-        raise TypeError(f"x must be a torch.Tensor, got {type(x).__name__}")
+    require_tensor("x", x)
     dim = _check_dim(dim, x.ndim, "x")
     pos = rank_positions(x.shape[dim], world_size, layout)
     return [x.index_select(dim, p).contiguous() for p in pos]

@@ -45,6 +45,7 @@ from .kv_cache import TorchKVCache
 from .ledger import LedgerRow
 from .validate import (
     mask_shape,
+    require_bool,
     require_float,
     require_heads,
     require_int,
@@ -293,9 +294,9 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         self.options = compose.check_options(self.n_heads, self.d_k, n_kv_heads, rope, rope_base,
                                              alibi, window)
         require_int("seed", seed, minimum=0)  # before nn.Linear draws from torch's global RNG
-        fused_qkv, use_sdpa = (compose.require_bool(n, v) for n, v in
+        fused_qkv, use_sdpa = (require_bool(n, v) for n, v in
                                (("fused_qkv", fused_qkv), ("use_sdpa", use_sdpa)))
-        use_enable_gqa = compose.require_bool("use_enable_gqa", use_enable_gqa)
+        use_enable_gqa = require_bool("use_enable_gqa", use_enable_gqa)
         self.n_kv_heads = self.options.n_kv_heads
         self.group = self.n_heads // self.n_kv_heads
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:

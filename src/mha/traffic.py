@@ -37,7 +37,7 @@ import numpy as np
 
 from .flash import SKIPPED, tile_schedule
 from .kv_cache import H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S
-from .validate import require_int
+from .validate import require_bool, require_int
 
 
 def _require_rate(name: str, value: object) -> float:
@@ -47,13 +47,6 @@ def _require_rate(name: str, value: object) -> float:
     if not (math.isfinite(value) and value > 0):
         raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
     return float(value)
-
-
-def _require_flag(name: str, value: object) -> bool:
-    """value as a bool; a string or a number is refused (causal="no" would read as True)."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
 
 
 @dataclass(frozen=True)
@@ -158,7 +151,7 @@ def _tiles(T: int, S: int, block_q: int, block_k: int, causal: bool) -> list[tup
     beyond the end (S = 65 with 64-key blocks is 64 + 1 keys, not 2 x 64).
     """
     block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
-    causal = _require_flag("causal", causal)
+    causal = require_bool("causal", causal)
     kinds = tile_schedule(T, S, block_q, block_k, causal=causal, offset=S - T if causal else 0)
     return [(min(block_q, T - i * block_q), min(block_k, S - j * block_k))
             for i, j in zip(*np.nonzero(kinds != SKIPPED), strict=True)]
@@ -172,7 +165,7 @@ def forward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal:
     pairs = sum(rows * keys for rows, keys in tiles)  # (query, key) products computed
     flops = 4 * B * h * pairs * d  # 2 matmuls of 2 d FLOPs per (query, key) pair
     once = itemsize * (2 * T * d) + LSE_BYTES * T  # q read, out written, lse written
-    if _require_flag("reuse", reuse):
+    if require_bool("reuse", reuse):
         kv = itemsize * 2 * S * d  # K and V read once
     else:
         kv = itemsize * 2 * d * sum(keys for _, keys in tiles)  # K and V tiles, per computed tile
@@ -185,7 +178,7 @@ def backward_tiled(B: int, h: int, T: int, S: int, d: int, itemsize: int, causal
     _check(B, h, T, S, d, itemsize)
     tiles = _tiles(T, S, block_q, block_k, causal)
     flops = 10 * B * h * d * sum(rows * keys for rows, keys in tiles)  # 5 matmuls of 2 d per pair
-    if _require_flag("reuse", reuse):  # read q, k, v, out, dout, lse, delta once; write dq, dk, dv once
+    if require_bool("reuse", reuse):  # read q, k, v, out, dout, lse, delta once; write dq, dk, dv once
         nbytes = itemsize * (3 * T * d + 2 * S * d + T * d + 2 * S * d) + 2 * LSE_BYTES * T
     else:  # per key block: K, V read and dK, dV written; per tile: q, dout, lse, delta read, dq in float32 read + written
         rows = sum(r for r, _ in tiles)  # query rows summed over the computed tiles

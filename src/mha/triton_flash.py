@@ -30,10 +30,9 @@ import math
 import os
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 
-from .validate import require_int
+from .validate import require_bool, require_int, require_tensor
 
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 """The dtypes the kernel takes (float8 has no exact path here: refused, not answered wrongly)."""
@@ -140,18 +139,10 @@ def _power_of_two(name: str, n: int, least: int) -> int:
     return n
 
 
-def _require_flag(name: str, value: object) -> bool:
-    """value as a bool; a string or a number is refused (causal="no" would read as True)."""
-    if not isinstance(value, bool | np.bool_):
-        raise TypeError(f"{name} must be a bool, got {type(value).__name__} {value!r}")
-    return bool(value)
-
-
 def _require_tensors(q: object, k: object, v: object) -> None:
+    """q, k and v must be torch tensors."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__} "
-                            f"(a numpy array goes through torch.from_numpy)")
+        require_tensor(name, t)
 
 
 def interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
@@ -200,7 +191,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     if not available():
         raise ModuleNotFoundError("mha.triton_flash needs the triton package: pip install triton")
     B, h, T, S, d = _check(q, k, v)
-    causal = _require_flag("causal", causal)
+    causal = require_bool("causal", causal)
     offset = require_int("offset", offset, minimum=-(2**63))
     block_q, block_k = _power_of_two("block_q", block_q, 16), _power_of_two("block_k", block_k, 16)
     interpret = interpreted(q, k, v)

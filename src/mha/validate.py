@@ -93,6 +93,23 @@ def require_float(name: str, x: Any) -> None:
         )
 
 
+def require_bool(name: str, value: Any) -> bool:
+    """value as a bool (numpy's too); anything else refused (a mask passed where `causal` goes)."""
+    if not isinstance(value, bool | np.bool_):
+        raise TypeError(f"{name} must be True or False, got {type(value).__name__}"
+                        + (f" of shape {shape_of(value)} (a mask? pass it as mask=...)"
+                           if hasattr(value, "shape") else f" {value!r}"))
+    return bool(value)
+
+
+def require_tensor(name: str, x: Any, what: str = "") -> None:
+    """Raise TypeError unless x is a torch.Tensor (`what` names its expected shape)."""
+    if not is_torch(x):
+        hint = " (convert it with torch.from_numpy)" if isinstance(x, np.ndarray) else ""
+        raise TypeError(f"{name} must be a torch.Tensor{' ' + what if what else ''}, got "
+                        f"{type(x).__name__}{hint}")
+
+
 def require_finite(name: str, x: Any) -> None:
     """Raise ValueError if x holds NaN or inf, saying how many and where the first is."""
     finite = np.isfinite(x) if isinstance(x, np.ndarray) else x.isfinite().cpu().numpy()
