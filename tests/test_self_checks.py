@@ -1,9 +1,11 @@
 """The Try-it self-check contract (see mha.tryit), for every lesson's exercise.
 
-Each check: None -> "not tried yet", the right answer -> "right", each typical wrong answer
-(at least three) -> its own message naming the mistake, an answer of the wrong kind -> a
-message, not a raw error. And every lesson's Try-it calls checks that are under contract, so
-a new lesson cannot add an exercise without them.
+Each check: None -> "not tried yet", the right answer (in every listed form) -> "right", each
+typical wrong answer (at least three) -> its own message naming the mistake, an answer of the
+wrong kind -> a message, not a raw error. Every verdict is returned as plain text, never raised
+(no traceback shows the checker or the answer), and no message shows the case's secret text.
+And every lesson's Try-it calls checks that are under contract, so a new lesson cannot add an
+exercise without them.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import nbformat
 import pytest
 
 import mha.tryit
-from mha.tryit import NotYet
+from mha.tryit import NotYet, Verdict
 from tests.self_checks import Case
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
@@ -60,28 +62,47 @@ def test_every_check_has_a_case_with_at_least_three_wrong_answers():
             assert len(case.wrong) >= 3, f"{case.name}: {len(case.wrong)} wrong answers, want >= 3"
 
 
+def _verdict(case: Case, args: tuple) -> Verdict:
+    """The check's verdict, which it must return as plain text rather than raise."""
+    try:
+        said = case.check(*args)
+    except NotYet as raised:
+        pytest.fail(f"{case.name} raised its verdict (a traceback for the student): {raised}")
+    assert isinstance(said, Verdict), f"{case.name} returned {type(said).__name__}, not a Verdict"
+    return said
+
+
+def test_every_check_returns_its_verdict_as_text():
+    for name in _tryit_modules():
+        module = importlib.import_module(f"mha.tryit.{name}")
+        for fn in _checks_in(name):
+            assert getattr(getattr(module, fn), "__self_check__", False), \
+                f"mha.tryit.{name}.{fn} is not decorated with @self_check"
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_placeholder_says_not_tried_and_gives_nothing_away(case):
-    said = case.check(*case.untried())
-    assert isinstance(said, str) and said.startswith("not tried yet"), said
+    said = _verdict(case, case.untried())
+    assert said.startswith("not tried yet") and not said.ok, said
     right_said = case.check(*case.right())
     assert right_said.removeprefix("right:").strip() not in said, "the placeholder shows the praise"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
-def test_right_answer_is_right(case):
-    said = case.check(*case.right())
-    assert isinstance(said, str) and said.startswith("right"), said
+def test_right_answer_is_right_in_every_form(case):
+    said = _verdict(case, case.right())
+    assert said.startswith("right") and said.ok, said
+    for i, form in enumerate(case.right_forms):
+        said = _verdict(case, form())
+        assert said.ok, f"{case.name}: right form {i} told: {said}"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_each_typical_mistake_is_named_with_its_own_message(case):
     messages = {}
     for phrase, args in case.wrong.items():
-        with pytest.raises(NotYet) as info:
-            case.check(*args())
-        text = str(info.value)
-        assert text.startswith("not yet"), text
+        text = _verdict(case, args())
+        assert text.startswith("not yet") and not text.ok, f"{case.name}, {phrase!r}: {text}"
         assert phrase.lower() in text.lower(), f"{case.name}, mistake {phrase!r} got: {text}"
         messages[phrase] = text
     same = [(a, b) for a in messages for b in messages if a < b and messages[a] == messages[b]]
@@ -91,8 +112,18 @@ def test_each_typical_mistake_is_named_with_its_own_message(case):
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
 def test_an_answer_of_the_wrong_kind_gets_a_message_not_a_raw_error(case):
     for args in case.garbage:
-        with pytest.raises(NotYet):
-            case.check(*args())
+        said = _verdict(case, args())
+        assert said.startswith("not yet"), f"{case.name}: {said}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_no_message_gives_the_answer_away(case):
+    said = [_verdict(case, case.untried())]
+    said += [_verdict(case, args()) for args in case.wrong.values()]
+    said += [_verdict(case, args()) for args in case.garbage]
+    for text in said:
+        for secret in case.secret:
+            assert secret.lower() not in text.lower(), f"{case.name} shows {secret!r}: {text}"
 
 
 def _lessons() -> list[pathlib.Path]:

@@ -245,15 +245,20 @@ def message(found: dict[str, str], work_names: list[str]) -> str:
 
 
 @contextmanager
-def guard(*work: Any, forbid: tuple | None = None, allow: tuple = ()) -> Iterator[_Watch]:
+def guard(*work: Any, forbid: tuple | None = None, allow: tuple = (),
+          grader: tuple | None = None) -> Iterator[_Watch]:
     """Within the block, the student's `work` must not run forbidden package code.
 
     forbid: modules, classes or functions that are the reference (default: the whole
     package); allow: package code the part may use (and all it calls). Raises
     ReferenceUsed on leaving the block if any was reached, even if the block raised.
+    grader: the files of the grader's code; by default those of the frames that entered the
+    block. A Try-it self-check passes () because there the package is the grader and the cell
+    that calls it also defines the student's work.
     """
     __tracebackhide__ = True
-    watch = _Watch(work, forbid, allow, _grader_files(sys._getframe(2)))
+    files = _grader_files(sys._getframe(2)) if grader is None else set(grader)
+    watch = _Watch(work, forbid, allow, files)
     for w in work:
         code = getattr(_unwrap(w), "__code__", None)
         if (ref := _is_package(w)) and not (code is not None and watch.allowed(code)):

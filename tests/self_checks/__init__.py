@@ -18,7 +18,11 @@ class Case:
     wrong: phrase -> arguments of a typical wrong answer; the check must raise NotYet with a
         message containing the phrase (case-insensitive), a different message for each.
     untried: the arguments as the notebook ships them (placeholders None).
-    garbage: arguments of the wrong kind; each must raise NotYet, not a raw error.
+    garbage: arguments of the wrong kind; each must get a "not yet" message, not a raw error.
+    right_forms: arguments of the right answer in other forms (a float for an int, a list, a
+        tensor, a mask in another convention the lesson allows); each must be told "right".
+    secret: text that would give the answer away (its digits, its formula); no "not yet" or
+        "not tried" message may contain any of it.
     """
 
     check: Callable[..., str]
@@ -26,6 +30,8 @@ class Case:
     wrong: dict[str, Callable[[], tuple]]
     untried: Callable[[], tuple] = lambda: (None,)
     garbage: list[Callable[[], tuple]] = field(default_factory=lambda: [lambda: ("seven",)])
+    right_forms: list[Callable[[], tuple]] = field(default_factory=list)
+    secret: list[str] = field(default_factory=list)
     note: str = ""
 
     @property
