@@ -262,13 +262,13 @@ def _factor_table(factors: dict[str, float] | None) -> list[tuple[float, str]]:
     table: list[tuple[float, str]] = []
     items = [(v, k) for k, v in named.items() if v not in (0, 1)]
     for v, k in items:
-        table += [(v, f"{k} times too big"), (1 / v, f"1/{k} of the right value (a factor {k} "
-                                                    f"missing)")]
+        table += [(v, f"a factor {k} too big"), (1 / v, f"a factor {k} too small ({k} missing)")]
     for i, (v, k) in enumerate(items):
         for w, j in items[i + 1:]:
-            table += [(v * w, f"{k} times {j} too big"), (1 / (v * w), f"missing both {k} and {j}"),
-                      (v / w, f"{k} too big and {j} too small"),
-                      (w / v, f"{j} too big and {k} too small")]
+            table += [(v * w, f"factors {k} and {j} both too big"),
+                      (1 / (v * w), f"factors {k} and {j} both missing"),
+                      (v / w, f"a factor {k} too big and {j} too small"),
+                      (w / v, f"a factor {j} too big and {k} too small")]
     return table
 
 
