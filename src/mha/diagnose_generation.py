@@ -7,8 +7,9 @@ does for the forward.
     check_cache_bytes(kv_cache_bytes)                 # what the caches of a GQA model hold
     (each has a *_diagnosis twin that returns the Diagnosis object instead of raising)
 
-How it decides. Positions: the student's array goes through `mha.checks.check_padded_positions`,
-whose list of usual mistakes names what it matches. Generation: the model is wrapped in a
+How it decides. Positions: the student's array goes through the judge of 17_generation.ipynb's Try-it,
+`mha.tryit.generation.judge_padded_positions`, which names the usual mistakes it matches (a pad
+is any negative position, as the lesson's table says). Generation: the model is wrapped in a
 `Recorder` that writes down every call (tokens, the positions the model will use, which caches),
 so the verdict rests on values: the new tokens must equal the reference's (`mha.generate.generate`),
 and the calls must feed every token exactly once, at its position, into caches made once by
@@ -33,12 +34,14 @@ from typing import Any
 
 import numpy as np
 
-from . import checks, compose
+from . import compose
 from .diagnose import Diagnosis, _to_numpy
 from .diagnose import run_student as _run
 from .generate import cache_bytes_formula as _bytes_formula  # bound at import: a grader's
 from .generate import generate as _generate  # diagnose.refusing(generate, ...) cannot reach them
 from .kv_cache import KVCache
+from .tryit import NotYet
+from .tryit.generation import judge_padded_positions
 from .validate import shape_of
 
 
@@ -66,7 +69,7 @@ POSITION_CASES: tuple[tuple[tuple[int, ...], int], ...] = (
 
 def positions_diagnosis(fn: Callable, cases: Sequence[tuple[Sequence[int], int]] = POSITION_CASES,
                         as_array: bool = False) -> Diagnosis:
-    """Run fn(lengths, T) on each case; the first wrong one is judged by check_padded_positions."""
+    """Run fn(lengths, T) on each case; the first wrong one is judged by judge_padded_positions."""
     for lengths, T in cases:
         arg = np.array(lengths) if as_array else list(lengths)
         call = f"left_padded_positions({list(lengths)}, T={T})"
@@ -75,8 +78,8 @@ def positions_diagnosis(fn: Callable, cases: Sequence[tuple[Sequence[int], int]]
             got, problem = _ints(out, call)
             if problem is None:
                 try:
-                    checks.check_padded_positions(got, lengths, T)
-                except AssertionError as e:
+                    judge_padded_positions(got, lengths, T)
+                except NotYet as e:
                     problem = str(e).removeprefix("not yet: ")
                     problem = f"{call}: {problem}\n  yours {got.tolist()}"
                 else:
