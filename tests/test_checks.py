@@ -150,9 +150,9 @@ _RIGHT = np.array([[-1, -1, -1, 0, 1], [0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]])
     (np.where(_RIGHT >= 0, _RIGHT + 1, -1), "off by one"),
     (np.where(_RIGHT >= 0, np.arange(5), -1), "count from the first column"),
     (np.tile(np.arange(5), (3, 1)), "every row is 0..T-1"),
-    (np.where(_RIGHT >= 0, _RIGHT, -2) * np.array([[1], [1], [1]]) + (_RIGHT == 4), "no usual mistake fits"),
+    (np.where(_RIGHT >= 0, _RIGHT, -2) * np.array([[1], [1], [1]]) + (_RIGHT == 4), "first that differs"),
     (np.zeros((3, 4), dtype=int), "must be (B=3, T=5)"),
-    (_RIGHT.astype(float), "whole numbers"),
+    (_RIGHT + 0.5, "whole numbers"),
 ])
 def test_padded_positions_check_names_each_mistake(answer, words):
     with pytest.raises(AssertionError) as info:
@@ -163,4 +163,7 @@ def test_padded_positions_check_names_each_mistake(answer, words):
 
 def test_padded_positions_check_says_right_and_not_tried():
     assert checks.check_padded_positions(_RIGHT, _LENGTHS, _T).startswith("right")
+    assert checks.check_padded_positions(_RIGHT.astype(float), _LENGTHS, _T).startswith("right")
+    pads_count_up = np.arange(_T) - (_T - np.array(_LENGTHS))[:, None]  # pads ..., -3, -2, -1
+    assert checks.check_padded_positions(pads_count_up, _LENGTHS, _T).startswith("right")
     assert checks.check_padded_positions(None, _LENGTHS, _T).startswith("not tried yet")

@@ -166,9 +166,10 @@ def check_padded_positions(answer, lengths: Sequence[int], T: int) -> str:
     """Self-check for left-padded positions (B, T): 0..L-1 on each sequence's real tokens, -1 on pads.
 
     Names the usual mistakes (pads on the wrong side, pads at 0, counting from 1, counting from
-    the first column, one row of 0..T-1 for all, ...): 17_generation.ipynb's Try-it check,
-    `mha.tryit.generation.check_padded_positions`, which raises NotYet (an AssertionError).
+    the first column, one row of 0..T-1 for all, ...): the judge of 17_generation.ipynb's Try-it,
+    `mha.tryit.generation.judge_padded_positions`, which raises NotYet (an AssertionError). Any
+    negative pad position is right.
     """
-    from .tryit.generation import check_padded_positions as check  # tryit imports compose
+    from .tryit.generation import judge_padded_positions as check  # tryit imports compose
 
     return check(answer, lengths, T)
