@@ -1,20 +1,46 @@
-"""Self-check for the Try-it of 07_weighted_sum.ipynb: outputs of equal scores, without and with a mask."""
+"""Self-check for the Try-it of 07_weighted_sum.ipynb: outputs of equal scores, without and with a mask.
+
+    print(tryit.check_uniform(my_no_mask, my_causal, v_try))  # each a function v -> (B, h, T, d_k)
+
+The answers are functions, so the check can run them under the grading guard (the exercise is
+numpy only, without `steps`) and on a second v of another shape (nothing hard-coded). Both parts
+are judged, whichever is wrong.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 
 from .. import steps
-from . import as_array, first_match, not_tried, not_yet, right
+from . import (
+    NotYet,
+    _where_in_students_code,
+    as_array,
+    first_match,
+    guarded,
+    judge_parts,
+    not_tried,
+    not_yet,
+    relate,
+    right,
+)
+from . import self_check as _self_check
 
 ATOL = 1e-12
+RULE = "this Try-it asks for numpy only, without steps (or any other function of the package)"
 
 
 def lesson_v() -> np.ndarray:
     """The lesson's v_try: (B, h, S, d_k) = (1, 1, 4, 2), seeded."""
     return np.random.default_rng(7).normal(size=(1, 1, 4, 2))
+
+
+def second_v() -> np.ndarray:
+    """Another v, (B, h, S, d_k) = (2, 3, 5, 3): a function that hard-codes v_try's shape fails."""
+    return np.random.default_rng(11).normal(size=(2, 3, 5, 3))
 
 
 def _want(v: np.ndarray, causal: bool) -> np.ndarray:
@@ -46,16 +72,21 @@ def _mistakes(v: np.ndarray, causal: bool) -> list[tuple[np.ndarray, str]]:
              f"that sums the value rows: {T} equal weights are 1/{T} each, so it is their mean"),
             (_want(v, True), "that is the running mean, the causal answer: without a mask every "
                              "query sees all the keys"),
+            (np.broadcast_to(v.sum(axis=2, keepdims=True), v.shape) / (T - 1) if T > 1 else v,
+             f"that divides the sum of the {T} value rows by T - 1: every query sees all {T} keys"),
         ]
     return shared + [
         (every, "that is the no-mask answer (every output the mean of all value rows): it "
                 "ignores the mask, under which query t sees only keys 0..t"),
         (v, "each output is its own value row v_t alone: under the causal mask query t sees "
             "keys 0..t, all of them with the same score"),
-        (np.cumsum(v, axis=2), "a running sum, not a mean: row t adds t + 1 value rows with "
-                               "weight 1/(t + 1) each"),
-        (np.cumsum(v, axis=2) / (counts + 1), "divided by t + 2: off by one, query t sees t + 1 "
-                                              "keys (0..t, itself included)"),
+        (np.cumsum(v, axis=2), "a running sum, not a mean: the weights of one row must add "
+                               "up to 1, and yours add up to the number of keys it sees"),
+        (np.cumsum(v, axis=2) / (counts + 1), "divided by t + 2: off by one, count the keys "
+                                              "0..t that query t sees, itself included"),
+        (np.cumsum(v, axis=2) / T, f"the running sum divided by T = {T} for every row: only the "
+                                   f"last query sees all {T} keys, so the others' weights add "
+                                   f"up to less than 1"),
         (_means(v, lambda t: slice(0, max(t, 1))),
          "the mean of the keys before t, without key t itself: off by one, the causal mask "
          "allows s <= t"),
@@ -63,53 +94,100 @@ def _mistakes(v: np.ndarray, causal: bool) -> list[tuple[np.ndarray, str]]:
                                                "the future"),
         (_means(v, lambda t: slice(t, T)), "the mean of keys t..T-1, the future: the causal mask "
                                            "keeps the past, keys 0..t"),
+        ((np.tril(np.ones((T, T))) / np.arange(T, 0, -1)) @ v,  # (T, S) @ (B, h, S, d_k)
+         "your weights sum to 1 down each column (over the queries), not along each row: "
+         "normalise each query's row, over the keys it may see"),
+        (np.flip(_want(v, True), axis=2), "the running means in reverse order: row t must be "
+                                          "the mean of keys 0..t, the first row v_0 alone"),
+        (np.cumsum(v, axis=-1) / np.arange(1, v.shape[3] + 1), "a running mean over d_k (the "
+                                                               "last axis): the mask runs over "
+                                                               "the keys, axis 2"),
     ]
 
 
-def _judge(label: str, answer: Any, v: np.ndarray, causal: bool) -> None:
-    """Return if `answer` is this part's output; else NotYet naming the mistake."""
+def _judge(name: str, got: Any, v: np.ndarray, causal: bool) -> str | None:
+    """None if `got` is this part's output for v; else the message naming the mistake."""
     want = _want(v, causal)
-    if isinstance(answer, str | bytes):
-        not_yet(f"({label}) write the outputs as a numpy array of shape {want.shape}, got text "
-                f"{answer!r}")
-    name = "my_no_mask" if label == "no mask" else "my_causal"
-    got = as_array(answer, name).astype(np.float64)
+    if isinstance(got, str | bytes):
+        return f"{name} gave text {got!r:.40}, not an array of shape {want.shape}"
+    got = as_array(got.detach() if hasattr(got, "detach") else got, f"{name}'s output")
+    got = got.astype(np.float64)
     if got.shape != want.shape:
-        if got.shape in ((*want.shape[:2], 1, want.shape[3]), (want.shape[3],)) and not causal \
-                and np.allclose(got.reshape(-1), want[0, 0, 0], rtol=0, atol=ATOL):
-            not_yet(f"(no mask) the right mean, but one row of shape {got.shape} for all queries: "
-                    f"broadcast it to v_try's shape {want.shape}, one output per query")
-        not_yet(f"({label}) the outputs must have v_try's shape {want.shape} (B, h, T, d_k), got "
-                f"shape {got.shape}")
+        mean = v.mean(axis=2)  # (B, h, d_k): the no-mask output of every query
+        if not causal and got.size == mean.size and got.shape[-1] == mean.shape[-1] \
+                and np.allclose(got.reshape(-1), mean.reshape(-1), rtol=0, atol=ATOL):
+            return (f"the right mean, but one row of shape {got.shape} for all queries: "
+                    f"broadcast it to v's shape {want.shape}, one output per query")
+        return relate(got, want, f"{name}'s output")
     if np.allclose(got, want, rtol=0, atol=ATOL):
-        return
+        return None
     if not np.isfinite(got).all():
         row = int(np.argwhere(~np.isfinite(got))[0][2])
-        count = ("query t sees t + 1 keys under the causal mask (count from 1, not 0)" if causal
+        count = ("count the keys 0..t query t sees under the causal mask (from 1, not 0)" if causal
                  else f"every query sees all {v.shape[2]} keys")
-        not_yet(f"({label}) row {row} is inf or NaN: a division by zero? {count}")
+        return f"row {row} is inf or NaN: a division by zero? {count}"
     why = first_match(got, _mistakes(v, causal), atol=ATOL)
     if why is not None:
-        not_yet(f"({label}) {why}")
-    t = int(np.argmax(np.abs(got - want).max(axis=(0, 1, 3))))  # the query furthest off
-    not_yet(f"({label}) query {t} is furthest from the expected output (by "
-            f"{float(np.abs(got - want)[:, :, t].max()):.3g}): with equal scores each key the "
-            f"query may see gets weight 1 / (the number of those keys)")
+        return why
+    T = v.shape[2]
+    return relate(got, want, f"{name}'s output", factors={f"T = {T}": T})
 
 
+def _run(fn: Callable, name: str, v: np.ndarray) -> Any:
+    """fn(v) under the grading guard; the student's own error becomes NotYet naming its line."""
+    try:
+        return guarded(fn, v.copy(), rule=RULE)
+    except NotYet:
+        raise
+    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
+        where = _where_in_students_code(err.__traceback__)
+        not_yet(f"{name}(v) raised {type(err).__name__}: {str(err)[:200]}"
+                f"{f' ({where})' if where else ''}, on a v of shape {v.shape}: read T and the "
+                f"shape from v, not from v_try")
+
+
+def _part(name: str, answer: Any, v: np.ndarray, causal: bool) -> str:
+    """One part's verdict: right, not tried, or NotYet naming the mistake."""
+    if answer is None:
+        return not_tried(f"`{name}` is still None: write it as a function of v")
+    if not callable(answer):
+        said = _judge(name, answer, v, causal)
+        if said is not None:
+            not_yet(f"{said} (and write it as a function of v: def {name}(v): return ...)")
+        not_yet(f"these are the right values for v_try; now write them as a function, def "
+                f"{name}(v): return ..., so the check can run it on a second v and make sure it "
+                f"uses numpy only, not steps")
+    first = None
+    for k, x in enumerate((v, second_v())):
+        out = _run(answer, name, x)
+        if out is None:
+            not_yet(f"{name}(v) returned None: did you forget the `return`?")
+        said = _judge(name, out, x, causal)
+        if k == 1 and said is not None:
+            fixed = first is not None and np.shape(out) == np.shape(first) and np.allclose(
+                np.asarray(out, dtype=np.float64), first)
+            if fixed:
+                said = "it gives the same output whatever v is: use its argument v, not v_try"
+            said = f"right for v_try, but not for a v of shape {x.shape}: {said}"
+        if said is not None:
+            not_yet(said)
+        first = np.asarray(out, dtype=np.float64)
+    T = v.shape[2]
+    return right(f"the mean of all {T} value rows for every query" if not causal else
+                 "the running mean v_0..v_t for query t")
+
+
+@_self_check
 def check_uniform(my_no_mask: Any, my_causal: Any, v: np.ndarray | None = None) -> str:
     """Say right, or what each answer misses: equal scores make each output a mean of value rows."""
     v = lesson_v() if v is None else np.asarray(v, dtype=np.float64)
     if my_no_mask is None and my_causal is None:
-        return not_tried("write both outputs as numpy expressions of v_try, `my_no_mask` and "
-                         "`my_causal`, each of v_try's shape (B, h, T, d_k)")
-    for label, answer, causal in (("no mask", my_no_mask, False), ("causal", my_causal, True)):
-        if answer is not None:
-            _judge(label, answer, v, causal)
-    if my_causal is None or my_no_mask is None:
-        return not_tried(f"`my_{'causal' if my_causal is None else 'no_mask'}` is still None: "
-                         f"write it too")
-    T = v.shape[2]
-    return right(f"with equal scores every output is a plain average of the value rows it may see: "
-                 f"without a mask the mean of all {T}, with the causal mask the running mean "
-                 f"v_0..v_t (as steps.weighted_sum(steps.masked_softmax(zeros, mask), v) gives)")
+        return not_tried("write both outputs as numpy functions of v, `my_no_mask(v)` and "
+                         "`my_causal(v)`, each returning v's shape (B, h, T, d_k)")
+    said = judge_parts(my_no_mask=lambda: _part("my_no_mask", my_no_mask, v, False),
+                       my_causal=lambda: _part("my_causal", my_causal, v, True))
+    if not said.startswith("right"):
+        return said
+    return right(f"with equal scores every output is a plain average of the value rows it may "
+                 f"see ({said.removeprefix('right:').strip()}), as "
+                 f"steps.weighted_sum(steps.masked_softmax(zeros, mask), v) gives")
