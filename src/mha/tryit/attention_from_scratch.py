@@ -6,7 +6,7 @@ from typing import Any
 
 import numpy as np
 
-from . import as_array, not_tried, not_yet, right
+from . import first_match, mask_verdict, not_tried, not_yet, read_mask, relate, right, self_check
 
 
 def _band(T: int, back: int, ahead: int) -> np.ndarray:
@@ -16,10 +16,18 @@ def _band(T: int, back: int, ahead: int) -> np.ndarray:
     return (s >= t - back) & (s <= t + ahead)  # (T, T)
 
 
+def _wrapped(T: int, back: int) -> np.ndarray:
+    """(T, T): the window of a loop whose index t - back wraps round to the end of the row."""
+    t = np.arange(T)[:, None]  # (T, 1)
+    s = np.arange(T)[None, :]  # (1, T)
+    return ((t - s) % T) <= back  # (T, T): keys t - back .. t, modulo T
+
+
 def _mistakes(T: int, window: int) -> list[tuple[np.ndarray, str]]:
     """The typical wrong masks for a moving average over the last `window` tokens."""
     back = window - 1  # keys t-2, t-1, t for window 3
-    everything = np.ones((T, T), dtype=bool)
+    want = _band(T, back, 0)  # (T, T)
+    short = want & (np.arange(T)[:, None] >= back)  # (T, T): rows 0 .. back-1 left empty
     return [
         (_band(T, T, 0), "that is the plain causal mask: row t still sees every key back to 0, "
                          f"a running mean, not a moving average; cut off the keys more than "
@@ -28,69 +36,85 @@ def _mistakes(T: int, window: int) -> list[tuple[np.ndarray, str]]:
                                 f"row t must see {window} keys, itself included"),
         (_band(T, back + 1, 0), f"that is a window of {window + 1}, one key too many (off by one): "
                                 f"row t sees {window + 1} keys, itself included"),
-        (_band(T, 0, back), "that is the window turned round (transposed, the upper triangle): "
-                            "row t sees itself and the keys after the query, the future; the "
-                            "moving average looks back"),
+        (want.T, "that is the window turned round (transposed, the upper triangle): "
+                 "row t sees itself and the keys after the query, the future; the "
+                 "moving average looks back"),
         (_band(T, 0, T), "that is the upper triangle (np.triu): row t sees itself and every key "
                          "after the query; the moving average looks back, not ahead"),
+        (~_band(T, T, 0), "that is the future alone (the causal mask inverted, s > t): row t "
+                          "sees only keys after the query, and never itself"),
         (_band(T, back, back), "that window reaches both ways, including the future: row t also "
                                f"sees keys t+1 .. t+{back}; a moving average of the last "
                                f"{window} tokens sees none after t"),
         (_band(T, 0, 0), "that is the diagonal alone: every token averages only itself"),
-        (everything, "that mask allows everything: no mask at all, every row averages all T "
-                     "tokens, the future included"),
+        (np.ones((T, T), dtype=bool), "that mask allows everything: no mask at all, every row "
+                                      f"averages all {T} tokens, the future included"),
+        (short, f"rows 0 .. {back - 1} see no key at all: a slice like [t - {back} : t + 1] "
+                f"starts at a negative index for the first rows, which numpy reads from the end "
+                f"of the row, so the slice is empty; the first rows average the tokens there are"),
+        (_wrapped(T, back), f"row 0 also sees the last keys of the sequence: an index t - {back} "
+                            f"below 0 wraps round to the end (negative indices count from the "
+                            f"end in numpy); the window of the first rows stops at key 0"),
     ]
 
 
-def _fallback(got: np.ndarray, want: np.ndarray) -> str:
-    """Where the mask first differs from the moving average's, without drawing the answer."""
+def _rules(got: np.ndarray) -> str | None:
+    """What a mask that fits no listed mistake breaks: the future, the query itself, empty rows."""
+    T = got.shape[0]
+    future = np.argwhere(np.triu(got, k=1))  # (n, 2): allowed keys s > t
+    empty = np.flatnonzero(~got.any(axis=-1))
+    if not got.any():
+        return ("that mask allows nothing: every row is False, so no token has anything to "
+                "average (masked_softmax gives a row of zeros)")
+    if len(future):
+        t, s = (int(i) for i in future[0])
+        return (f"row {t} sees key {s}, after the query: the future; a moving average looks "
+                f"back only")
+    if not got.diagonal().any():
+        return ("that mask leaves out the query itself (the diagonal is all False): row t "
+                "sees keys before t only, and row 0 sees nothing; x_t belongs to its own "
+                "moving average")
+    if len(empty):
+        return (f"row {int(empty[0])} sees no key at all ({len(empty)} of {T} rows are empty): "
+                f"every token belongs to its own moving average")
+    return None
+
+
+def _first_wrong_row(got: np.ndarray, want: np.ndarray) -> str:
+    """Which keys the first wrong row lets its query see, without drawing the answer."""
     t = int(np.argmax((got != want).any(axis=-1)))  # the first row that is wrong
-    keys = np.flatnonzero(got[t]).tolist()
-    return (f"row {t} is the first wrong row: your mask lets query {t} see keys {keys}; the "
-            f"moving average of x_{t} uses the last {int(want.sum(-1).max())} tokens up to "
-            f"and including x_{t} (fewer at the start)")
+    return f"row {t} is the first wrong row: your mask lets query {t} see keys " \
+           f"{np.flatnonzero(got[t]).tolist()}"
 
 
-def _kind(answer: Any, T: int) -> np.ndarray:
-    """The mask as a (T, T) boolean array, or NotYet naming a float, int or 0/-inf mask."""
-    if isinstance(answer, str | bytes) or callable(answer):
-        not_yet(f"allowed must be a ({T}, {T}) boolean array, got {type(answer).__name__} "
-                f"{answer!r}")
-    try:
-        numeric = np.issubdtype(np.asarray(answer).dtype, np.number)
-    except Exception:  # noqa: BLE001 - ragged lists: as_array says what arrived
-        numeric = False
-    if not numeric:
-        return as_array(answer, "allowed", shape=(T, T), kind="bool")
-    value = as_array(answer, "allowed", shape=(T, T), kind="number")
-    if np.isin(value, (0.0, -np.inf)).all() and np.isinf(value).any():
-        not_yet("that is an additive float mask (0 where allowed, -inf where masked): "
-                "masked_softmax wants the boolean mask itself, True where query t may see key s")
-    if np.isin(value, (0.0, 1.0)).all():
-        kind = "floats" if np.issubdtype(value.dtype, np.floating) else "ints"
-        not_yet(f"that mask holds {kind} (dtype {value.dtype}), not booleans: masked_softmax "
-                f"needs True / False (True = may see the key); make it with comparisons or "
-                f".astype(bool), then run this cell again")
-    not_yet(f"allowed must hold booleans (True = may see the key), got dtype {value.dtype} with "
-            f"values other than 0 and 1")
+_USE = {"bool": "", "0/1": "; it holds 0/1 numbers, and masked_softmax wants booleans, so pass "
+                           "it as allowed == 1",
+        "additive": "; it is an additive mask (0 where allowed), and masked_softmax wants booleans, so "
+                    "pass it as allowed == 0 (not .astype(bool), which would invert it)"}
 
 
+@self_check
 def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
     """Say right, or which mistake the mask of a moving average over `window` tokens makes."""
     if allowed is None:
         return not_tried(f"write `allowed`, a ({T}, {T}) boolean array (True where query t may "
                          f"see key s), then run this cell")
-    got = _kind(allowed, T)  # (T, T) bool
+    if isinstance(allowed, str | bytes) or callable(allowed):
+        not_yet(f"allowed must be a ({T}, {T}) boolean array, got {type(allowed).__name__} "
+                f"{allowed!r:.60}")
+    got, convention = read_mask(allowed, "allowed")  # bool, 0/1 or additive, read as allowed
     want = _band(T, window - 1, 0)  # (T, T): keys t - window + 1 .. t
+    if got.shape != want.shape:
+        not_yet(relate(got, want, "allowed"))
     if np.array_equal(got, want):
         return right(f"row t sees keys t-{window - 1} .. t (fewer at the start), so "
                      f"masked_softmax(zeros, allowed) spreads 1/{window} over the last {window} "
-                     f"tokens: a moving average")
-    for wrong, why in _mistakes(T, window):
-        if np.array_equal(got, wrong):
-            not_yet(why)
-    if not got.diagonal().any():
-        not_yet("that mask leaves out the query itself (the diagonal is all False): row t "
-                "sees keys before t only, and row 0 sees nothing; x_t belongs to its own "
-                "moving average")
-    not_yet(_fallback(got, want))
+                     f"tokens: a moving average{_USE[convention]}")
+    why = first_match(got, _mistakes(T, window))
+    if why is not None:
+        not_yet(why)
+    other = mask_verdict(allowed, want, "allowed")  # inverted, 0 and -inf swapped, shifted ...
+    if other is not None and ("inverted" in other or "swapped" in other):
+        not_yet(other)
+    rule = _rules(got)
+    not_yet(rule if rule is not None else f"{other}; {_first_wrong_row(got, want)}")
