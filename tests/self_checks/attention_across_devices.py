@@ -1,19 +1,75 @@
 """Contract cases for mha.tryit.attention_across_devices (18_attention_across_devices.ipynb)."""
 
+import numpy as np
+import torch
+
+from mha import parallel
 from mha.tryit import attention_across_devices as tryit
 from tests.self_checks import Case
 
+SIZES = (1, 8, 4096, 4, 64, 4)  # B, h, T, W, d_k, itemsize: the lesson's ring, float32
+
+
+def by_hand(B, h, T, W, d_k, itemsize):
+    """W - 1 sending steps, K and V each (B, h, T / W, d_k), itemsize bytes a number."""
+    return (W - 1) * 2 * B * h * (T // W) * d_k * itemsize
+
+
+def times(f):
+    """A student's function: the right bytes, changed by f(bytes, B, h, T, W, d_k, itemsize)."""
+    return lambda B, h, T, W, d_k, itemsize: f(by_hand(B, h, T, W, d_k, itemsize), B, h, T, W, d_k,
+                                               itemsize)
+
+
+def call(fn):
+    return lambda: (fn, *SIZES)
+
+
 CASES = [
     Case(tryit.check_ring_bytes,
-         right=lambda: (12_582_912,),  # 3 steps * 2 (K, V) * 1 * 8 * 1024 * 64 * 4, by hand
-         wrong={"one step": lambda: (4_194_304,),  # 2 * 8 * 1024 * 64 * 4
-                "W steps": lambda: (16_777_216,),  # 4 * 4,194,304
-                "K alone": lambda: (6_291_456,),  # 3 * 8 * 1024 * 64 * 4
-                "numbers, not bytes": lambda: (3_145_728,),  # 3 * 2 * 8 * 1024 * 64
-                "float64": lambda: (25_165_824,),  # 12,582,912 * 2
-                "forgot /W": lambda: (50_331_648,),  # 3 * 2 * 8 * 4096 * 64 * 4
-                "positions": lambda: (12_607_488,),  # + 3 * 1024 * 8
-                "bits": lambda: (100_663_296,),  # 12,582,912 * 8
-                "times the size": lambda: (1000,)},
-         garbage=[lambda: ("12 MiB",), lambda: ([12_582_912, 1],), lambda: (12_582_912.5,)]),
+         right=call(by_hand),
+         untried=lambda: (None, *SIZES),
+         right_forms=[call(lambda B, h, T, W, d_k, itemsize: (W - 1) * 2 * B * h * T / W * d_k * itemsize),
+                      call(lambda *a: np.int64(by_hand(*a))),
+                      call(lambda *a: torch.tensor(by_hand(*a))),
+                      call(lambda *a: np.array(by_hand(*a)).tolist()),  # .tolist() of a 0-d array
+                      call(lambda *a: np.array([by_hand(*a)])),  # a one-element array
+                      call(lambda B, h, T, W, d_k, itemsize: 2 * (W - 1) / W * B * h * T * d_k * itemsize)],
+         wrong={
+             # the issue's findings
+             "causal mask": call(times(lambda n, *a: n // 2)),  # named, with K alone (the same always)
+             "Ulysses formula": call(times(lambda n, B, h, T, W, d_k, i: 2 * n // W)),
+             "summed over the W ranks": call(times(lambda n, B, h, T, W, d_k, i: W * n)),
+             "does not use itemsize": call(  # forgot V and counted float64: cancel at float32
+                 lambda B, h, T, W, d_k, itemsize: (W - 1) * B * h * (T // W) * d_k * 8),
+             "used the package's own mha.parallel.ring_bytes_per_step": call(
+                 lambda B, h, T, W, d_k, itemsize: (W - 1) * parallel.ring_bytes_per_step(
+                     B, h, T, W, d_k, itemsize) - (W - 1) * (T // W) * 8),
+             "pass the function": lambda: (12_582_912.0, *SIZES),  # right, but a number hides slips
+             # the listed slips, as functions
+             "one step": call(times(lambda n, B, h, T, W, d_k, i: n // (W - 1))),
+             "W steps": call(times(lambda n, B, h, T, W, d_k, i: n // (W - 1) * W)),
+             "numbers, not bytes": call(times(lambda n, B, h, T, W, d_k, i: n // i)),
+             "receives": call(times(lambda n, *a: 2 * n)),
+             "queries stay put": call(times(lambda n, *a: 3 * n // 2)),
+             "positions": call(times(lambda n, B, h, T, W, d_k, i: n + (W - 1) * (T // W) * 8)),
+             "bits": call(times(lambda n, *a: 8 * n)),
+             "MiB": call(times(lambda n, *a: n // 2**20)),
+             "does not use W": call(lambda B, h, T, W, d_k, itemsize: 3 * 2 * B * h * (T // 4) * d_k * itemsize),
+             "does not use B": call(lambda B, h, T, W, d_k, itemsize: by_hand(1, h, T, W, d_k, itemsize)),
+             "raised ZeroDivisionError": call(lambda *a: 1 / 0),
+             # our own, in no table: named by how the bytes follow the sizes
+             "same factor at every size": call(times(lambda n, *a: 3 * n)),
+             "how your formula uses W": call(times(lambda n, B, h, T, W, d_k, i: n // W)),
+             "uses T and W and d_k": call(lambda B, h, T, W, d_k, itemsize:
+                                          (W - 1) * 2 * B * h * (T // W) ** 2 * itemsize),
+             "the same at every size": call(times(lambda n, *a: n + 1)),
+             "not when only h changes": call(lambda B, h, T, W, d_k, itemsize: by_hand(B, 8, T, W, d_k, itemsize)
+                                             + (h - 8)),
+             # and a number alone, told its slips and to pass the function
+             "tell which": lambda: (6_291_456, *SIZES),
+         },
+         garbage=[lambda: ("about 12 mebibytes", *SIZES), lambda: ([1000, 1], *SIZES),
+                  lambda: (1000.5, *SIZES), call(lambda *a: "lots"), call(lambda *a: [1, 2])],
+         secret=["12,582,912", "12582912", "12 MiB", "(w - 1) * 2", "2 * b * h"]),
 ]
