@@ -1,6 +1,7 @@
 """Contract cases for mha.tryit.flash_attention (12_flash_attention.ipynb)."""
 
 import numpy as np
+import torch
 
 from mha.tryit import flash_attention as tryit
 from tests.self_checks import Case
@@ -8,6 +9,12 @@ from tests.self_checks import Case
 CASES = [
     Case(tryit.check_tile_counts,
          right=lambda: ((28, 8),),  # 8 x 8 grid: 7 + 6 + ... + 1 = 28 above the diagonal, 8 on it
+         right_forms=[lambda: ([28, 8],), lambda: ((28.0, 8.0),), lambda: (np.array([28, 8]),),
+                      lambda: (torch.tensor([28, 8]),), lambda: ((np.int64(28), np.int64(8)),),
+                      lambda: (np.array([[28, 8]]),),
+                      lambda: ({"skipped": 28, "partial": 8},),  # issue 27: a dict was refused
+                      lambda: ({"partial": 8, "skipped": 28},),
+                      lambda: ({"SKIPPED": 28, "PARTIAL": 8, "FULL": 28},)],  # the lesson's counts
          wrong={"diagonal tiles counted as skipped too": lambda: ((36, 8),),
                 "skipped instead of partly masked": lambda: ((36, 0),),
                 "cuts through": lambda: ((28, 0),),
@@ -20,11 +27,24 @@ CASES = [
                 "scores, not tiles": lambda: ((2016, 64),),
                 "fractions": lambda: ((0.4375, 0.125),),
                 "percentages": lambda: ((43.75, 12.5),),
-                "example above": lambda: ((6, 4),),
-                "skipped (first) count": lambda: ((27, 8),),
-                "counts are not right": lambda: ((20, 10),),
-                "between 0 and the 64": lambda: ((60, 8),)},
-         garbage=[lambda: ("28, 8",), lambda: (28,), lambda: ((28, 8, 28),), lambda: ((28.5, 8),),
-                  lambda: ([[28], 8],), lambda: ({"skipped": 28, "partial": 8},),
-                  lambda: ((True, 8),), lambda: ((float("nan"), 8),), lambda: (np.array([28]),)]),
+                "4 x 4 grid": lambda: ((6, 4),),  # the lesson's 16-token example
+                "between 0 and the 64": lambda: ((60, 8),),
+                # not in the old table: each used to get one fixed hint
+                "1 of 2 parts right": lambda: ((27, 8),),  # skipped off by one, partial right
+                "partial count is off by 2": lambda: ((20, 10),),
+                "skipped count is too low": lambda: ((10, 3),),
+                "below the diagonal counted as skipped too": lambda: ((56, 8),),
+                "tiles next to the diagonal": lambda: ((28, 15),),
+                "7 x 7 grid": lambda: ((21, 7),),  # 64 / 8 read as 7 blocks
+                "16 x 16 grid": lambda: ((120, 16),),  # blocks of 4
+                "a third kind is left out": lambda: ((32, 32),),
+                "factor 2 too big": lambda: ((28, 16),),  # two cut tiles per row
+                "allowed ones, diagonal": lambda: ((2080, 64),),
+                "three numbers": lambda: ((28, 8, 28),),
+                "one key names each count": lambda: ({"a": 28, "b": 8},)},
+         garbage=[lambda: ("28, 8",), lambda: (28,), lambda: ((28.5, 8),),
+                  lambda: ([[28], 8],), lambda: ({"skipped": "28", "partial": 8},),
+                  lambda: ((True, 8),), lambda: ((float("nan"), 8),), lambda: (np.array([28]),),
+                  lambda: ({28, 8},), lambda: (np.zeros((8, 8)),)],
+         secret=["28 of the", "(28, 8)", "28 and 8"]),
 ]

@@ -1,42 +1,237 @@
-"""Self-check for the Try-it of 13_kv_cache.ipynb: the bytes of one layer's KV cache."""
+"""Self-checks for the Try-it of 13_kv_cache.ipynb: the bytes of one layer's KV cache.
+
+check_cache_bytes    the number of bytes for B = 1, h = 8, max_len = 1024, d_k = 64 in float32
+                     (given a function instead, it is judged as check_cache_formula judges it)
+check_cache_formula  a function my_cache_bytes(B, h, max_len, d_k, itemsize), run at several
+                     sizes: two slips that cancel at one size (V forgotten and 8 bytes a number)
+                     cannot pass, and the package's own KVCache(...).nbytes is not the student's
+
+Each check returns its verdict (a `Verdict`); a number that fits several slips names them all.
+"""
 
 from __future__ import annotations
 
+import inspect
+import math
+from collections.abc import Callable
 from typing import Any
 
-from . import as_number, not_tried, not_yet, right
+from . import (
+    as_number,
+    describe_number,
+    first_match,
+    guarded,
+    not_tried,
+    not_yet,
+    right,
+    self_check,
+)
 
-CASE = dict(B=1, h=8, max_len=1024, d_k=64, itemsize=4)  # float32
+CASE = dict(B=1, h=8, max_len=1024, d_k=64, itemsize=4)  # float32, the lesson's question
+ARGS = ("B", "h", "max_len", "d_k", "itemsize")
+BASE = dict(B=3, h=5, max_len=7, d_k=11, itemsize=2)  # distinct primes: each factor shows alone
+RULE = ("write the formula yourself from the shapes: KVCache(...).nbytes and the package's cost "
+        "functions are the reference this exercise is checked against")
+
+_WHY = {  # what each argument is, said when the formula does not grow with it as it should
+    "B": "every sequence of the batch keeps its own keys and values",
+    "h": "every head caches its own keys and values",
+    "max_len": "the cache has a slot for each of the max_len positions",
+    "d_k": "each cached key and value is a vector of d_k numbers per head",
+    "itemsize": "each number takes itemsize bytes, and that depends on the dtype",
+}
 
 
-def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, d_k: int = 64,
-                      itemsize: int = 4) -> str:
-    """Say right, or which factor of 2 * B * h * max_len * d_k * itemsize the answer misses."""
-    if answer is None:
-        return not_tried("write the cache's size in bytes as `answer` (an int)")
-    got = as_number(answer, "the cache's size", integer=True)
+def _bytes(B: int, h: int, max_len: int, d_k: int, itemsize: int) -> int:
+    """The right count, by the lesson's formula: K and V, each (B, h, max_len, d_k)."""
+    return 2 * B * h * max_len * d_k * itemsize
+
+
+def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
+                     ) -> list[tuple[float, str]]:
+    """Typical wrong byte counts at one size, each with its slip (several may share a value)."""
     numbers = B * h * max_len * d_k  # entries of K alone
     want = 2 * numbers * itemsize
-    if got == want:
-        return right(f"{want:,} bytes = {want / 2**20:g} MiB: K and V, each {numbers:,} numbers "
-                     f"of {itemsize} bytes")
-    mistakes: dict[int, str] = {}
-    for value, why in (
-        (numbers * itemsize, "that is K alone (or V alone): the cache holds both, a factor 2"),
-        (2 * numbers, "that counts numbers, not bytes: each float32 number takes 4 bytes"),
-        (2 * numbers * 8, "that is 8 bytes per number (float64); float32 takes 4"),
+    return [
+        (numbers * itemsize, "that is K alone (or V alone): the cache holds both"),
+        (2 * numbers * 2, "that is 2 bytes per number (float16 or bfloat16); the question is "
+                          "float32"),
+        (numbers * itemsize, "that halves the cache for the causal mask? Every later query reads "
+                             "all earlier keys, so each of the max_len slots keeps a key and a "
+                             "value: the mask does not shrink the cache"),
+        (2 * numbers, "that counts numbers, not bytes: multiply by the bytes of one float32"),
+        (2 * numbers * 8, "that is 8 bytes per number (float64); the question is float32"),
+        (3 * numbers * itemsize, "that caches the queries too: only K and V are kept, no later "
+                                 "step needs an old query"),
         (want * 8, "that is bits: the answer is wanted in bytes (8 bits each)"),
-        (want // 2**20, "that is MiB: the answer is wanted in bytes"),
-        (want // 2**10, "that is KiB: the answer is wanted in bytes"),
+        (want * h, "that uses d_model = h * d_k where d_k belongs: each head caches vectors of "
+                   "d_k numbers"),
+        (want * 32, "that is 32 layers: the question asks for one layer"),
+        (want / 2**20, "that is the size in MiB: the answer is wanted in bytes"),
+        (want / 10**6, "that is the size in MB (millions of bytes): the answer is wanted in bytes"),
+        (want / 2**10, "that is the size in KiB: the answer is wanted in bytes"),
+        (want / 10**3, "that is the size in kB (thousands of bytes): the answer is wanted in bytes"),
+        (want / 2**30, "that is the size in GiB: the answer is wanted in bytes"),
         (2 * B * h * d_k * itemsize, "that is the cache of one position: multiply by the "
                                      f"max_len = {max_len} positions it has room for"),
         (2 * B * max_len * d_k * itemsize, f"that leaves out the h = {h} heads: every head caches "
                                            "its own keys and values"),
         (2 * B * h * max_len * itemsize, "that leaves out d_k: each cached key and value is a "
                                          "vector of d_k numbers per head"),
-    ):  # two mistakes that give the same number share it: both messages are shown
-        mistakes[value] = f"{mistakes[value]}; or {why}" if value in mistakes else why
-    if got in mistakes:
-        not_yet(mistakes[got])
-    not_yet(f"{got:,} is {got / want:.3g} times the size; count K and V, B * h * max_len * d_k "
-            f"numbers each, and the bytes of one float32 number")
+    ]
+
+
+def _factors(h: int, max_len: int, d_k: int) -> dict[str, float]:
+    """Named factors for describing an unlisted number: what a ratio to the right one may mean."""
+    return {"2 (K and V)": 2, "4 (the bytes of a float32)": 4, f"h = {h}": h,
+            f"d_k = {d_k}": d_k, f"max_len = {max_len}": max_len, "8 (bits per byte)": 8}
+
+
+def _describe(got: float, want: float, name: str, h: int, max_len: int, d_k: int) -> str:
+    """How an unlisted number relates to the right one; a ratio that is not a clean factor is
+    not printed (with the student's number it would give the right one away)."""
+    said = describe_number(got, want, name, _factors(h, max_len, d_k))
+    if said.endswith(("(too big)", "(too small)")) and "exactly" not in said:
+        said = (f"{name} is too {'big' if got > want else 'small'}, by no clean factor: count K and "
+                f"V, B * h * max_len * d_k numbers each, and the bytes of each number")
+    return said
+
+
+@self_check
+def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, d_k: int = 64,
+                      itemsize: int = 4) -> str:
+    """Say right, or which slip (or slips) the byte count of one layer's KV cache fits."""
+    if answer is None:
+        return not_tried("write the cache's size in bytes as `answer` (an int)")
+    if callable(answer):
+        return _judge_formula(answer)
+    got = as_number(answer, "the cache's size")
+    want = _bytes(B, h, max_len, d_k, itemsize)
+    if got == want:
+        return right(f"{want:,} bytes = {want / 2**20:g} MiB: K and V, each {want // 2 // itemsize:,} "
+                     f"numbers of {itemsize} bytes")
+    said = first_match(got, _number_mistakes(B, h, max_len, d_k, itemsize),
+                       atol=1e-9 * max(1.0, abs(got)))
+    if said:
+        not_yet(said)
+    if got != int(got):
+        not_yet(f"a number of bytes is a whole number, got {got:g}")
+    not_yet(_describe(got, want, "your number", h, max_len, d_k))
+
+
+def _call(fn: Callable[..., Any], sizes: dict[str, int]) -> float | None:
+    """fn at one set of sizes, under the grading guard: its number of bytes, or None for None."""
+    result = guarded(fn, *(sizes[a] for a in ARGS), rule=RULE)
+    if result is None:
+        return None
+    return as_number(result, f"{_name(fn)}'s result")
+
+
+def _name(fn: Callable[..., Any]) -> str:
+    """The student's function's name, or 'your function' for a lambda."""
+    name = getattr(fn, "__name__", "")
+    return name if name.isidentifier() else "your function"
+
+
+def _signature_ok(fn: Callable[..., Any]) -> None:
+    """NotYet unless fn can be called with the five sizes by position."""
+    name = _name(fn)
+    try:
+        inspect.signature(fn).bind(*range(len(ARGS)))
+    except TypeError:
+        not_yet(f"{name} must take five arguments, (B, h, max_len, d_k, itemsize), in that order")
+    except ValueError:  # no signature to read (a builtin): let the call say
+        pass
+
+
+def _growth(fn: Callable[..., Any], base: float) -> dict[str, float]:
+    """For each argument: how the result grows when that argument alone doubles (2 = in proportion)."""
+    grown = {}
+    for a in ARGS:
+        doubled = _call(fn, {**BASE, a: 2 * BASE[a]})
+        grown[a] = math.nan if doubled is None or base == 0 else doubled / base
+    return grown
+
+
+def _growth_story(grown: dict[str, float]) -> list[str]:
+    """One sentence per argument the result does not grow with in proportion."""
+    told = []
+    for a, r in grown.items():
+        if math.isclose(r, 2.0, rel_tol=1e-9):
+            continue
+        if math.isclose(r, 1.0, rel_tol=1e-9):
+            fixed = " (a fixed number of bytes per number?)" if a == "itemsize" else ""
+            told.append(f"does not change when {a} doubles{fixed}: {_WHY[a]}")
+        elif math.isclose(r, 4.0, rel_tol=1e-9):
+            told.append(f"grows 4 times when {a} doubles: {a} is counted twice (squared); "
+                        f"{_WHY[a]}, once")
+        elif math.isfinite(r):
+            told.append(f"is not proportional to {a}: doubling {a} multiplies the result by {r:.3g}; "
+                        f"{_WHY[a]}")
+        else:
+            told.append(f"returns None when {a} doubles: it must return a number for any sizes")
+    return told
+
+
+def _judge_formula(fn: Callable[..., Any]) -> str:
+    """Right if fn gives the bytes of one layer's cache at every size tried, else why not."""
+    name = _name(fn)
+    _signature_ok(fn)
+    at_case = _call(fn, CASE)
+    if at_case is None:
+        return not_tried(f"make {name} return the cache's bytes for (B, h, max_len, d_k, itemsize), "
+                         f"then run the cell")
+    base = _call(fn, BASE)
+    if base is None:
+        not_yet(f"{name} returns None at other sizes: it must return a number for any sizes")
+    want_case, want_base = _bytes(**CASE), _bytes(**BASE)
+    grown = _growth(fn, base)
+    if at_case == want_case and base == want_base and all(
+            math.isclose(r, 2.0, rel_tol=1e-9) for r in grown.values()):
+        return right(f"2 * B * h * max_len * d_k * itemsize: K and V, checked at {2 + len(ARGS)} "
+                     f"sizes; at the lesson's it gives {want_case:,} bytes")
+    if at_case != want_case and at_case - want_case == base - want_base:
+        not_yet(f"{name} is off by the same {at_case - want_case:+g} bytes at every size: a term "
+                f"that does not belong is added to the product")
+    if all(math.isclose(r, 1.0, rel_tol=1e-9) for r in grown.values()):
+        not_yet(f"{name} returns the same number whatever the sizes: compute the bytes from its "
+                f"five arguments")
+    told = _growth_story(grown)
+    if told:
+        not_yet(f"{name} " + "; and it ".join(told))
+    per = base / math.prod(BASE[a] for a in ARGS)  # proportional to each size: only the constant
+    said = first_match(per, _CONSTANT_MISTAKES, atol=1e-12)
+    if said:
+        not_yet(f"{name} grows in proportion to every argument, but {said}")
+    not_yet(f"{name} grows in proportion to every argument, but "
+            + _describe(base, want_base, "its result", BASE["h"], BASE["max_len"], BASE["d_k"]))
+
+
+_CONSTANT_MISTAKES = [  # result / (B h max_len d_k itemsize) when only the constant in front is off
+    (1, "it counts K alone (or V alone): the cache holds both"),
+    (1, "it halves the cache for the causal mask? Every later query reads all earlier keys, so "
+        "each of the max_len slots keeps a key and a value"),
+    (3, "it caches the queries too: only K and V are kept, no later step needs an old query"),
+    (4, "it counts K and V twice each (itemsize is already the bytes of one number)"),
+    (16, "it counts bits: the answer is wanted in bytes (8 bits each)"),
+    (64, "it counts 32 layers: the question asks for one layer"),
+    (2 / 2**20, "it gives MiB: the answer is wanted in bytes"),
+    (2 / 10**6, "it gives MB (millions of bytes): the answer is wanted in bytes"),
+    (2 / 2**10, "it gives KiB: the answer is wanted in bytes"),
+    (2 / 10**3, "it gives kB (thousands of bytes): the answer is wanted in bytes"),
+    (2 / 2**30, "it gives GiB: the answer is wanted in bytes"),
+]
+
+
+@self_check
+def check_cache_formula(my_cache_bytes: Any) -> str:
+    """Say right if my_cache_bytes(B, h, max_len, d_k, itemsize) counts one layer's cache at
+    every size tried, else which argument or factor it gets wrong."""
+    if my_cache_bytes is None:
+        return not_tried("write `my_cache_bytes(B, h, max_len, d_k, itemsize)` returning the bytes "
+                         "of one layer's cache")
+    if not callable(my_cache_bytes):
+        shown = type(my_cache_bytes).__name__
+        not_yet(f"my_cache_bytes must be a function of (B, h, max_len, d_k, itemsize), got {shown}: "
+                f"the number for the lesson's sizes goes in `answer`, checked by check_cache_bytes")
+    return _judge_formula(my_cache_bytes)
