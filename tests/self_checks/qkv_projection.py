@@ -1,6 +1,7 @@
 """Contract cases for mha.tryit.qkv_projection (02_qkv_projection.ipynb)."""
 
 import numpy as np
+import torch
 
 from mha.tryit import qkv_projection as tryit
 from tests.self_checks import Case
@@ -40,11 +41,21 @@ def _wrong_index() -> np.ndarray:
     return _columns([0, D, 2 * D])
 
 
+Q_VIEW = QKV[:, :, :D]  # q cut out of QKV: a view, sharing its memory
+Q2 = np.split(QKV, 3, axis=-1)[0]  # the lesson's own q2
+TORCH_QKV = torch.from_numpy(QKV)
+
 CASES = [
     Case(tryit.check_split,
-         right=lambda: (False, Q, QKV),
+         right=lambda: (False, Q_VIEW, QKV),
+         right_forms=[lambda: (np.False_, QKV.reshape(B, T, 3, D)[:, :, 0], QKV),
+                      lambda: (False, QKV.reshape(B, T, 3, D)[..., 0, :], QKV, Q2),
+                      lambda: (False, np.split(QKV, 3, axis=-1)[0], QKV, Q2),  # a fresh split
+                      lambda: (False, QKV.reshape(B, T, 3, D).transpose(2, 0, 1, 3)[0], QKV),
+                      lambda: (torch.tensor(False), TORCH_QKV.reshape(B, T, 3, D)[:, :, 0],
+                               TORCH_QKV)],
          untried=lambda: (None, None, QKV),
-         wrong={"the prediction": lambda: (True, Q, QKV),
+         wrong={"you say the classmate's split gives q": lambda: (True, Q_VIEW, QKV),
                 "classmate's split:": lambda: (False, EVERY_THIRD, QKV),
                 "classmate's split with index 1": lambda: (False, _columns(list(range(1, 3 * D, 3))),
                                                            QKV),
@@ -53,8 +64,21 @@ CASES = [
                 "wrong index": lambda: (False, _wrong_index(), QKV),
                 "mixes tokens": lambda: (False, _mixed_tokens(), QKV),
                 "all of qkv": lambda: (False, QKV.copy(), QKV),
-                "belongs to k": lambda: (False, np.concatenate([Q[..., :4], K[..., 4:]], -1), QKV)},
-         garbage=[lambda: ("False", Q, QKV), lambda: (0, Q, QKV), lambda: (False, "qkv[..., :8]", QKV),
-                  lambda: (False, [[1.0, 2.0], [3.0]], QKV), lambda: (False, np.zeros((B, T, 7)), QKV),
-                  lambda: (False, Q, "qkv"), lambda: (False, Q, np.zeros((B, T, 8)))]),
+                "belongs to k": lambda: (False, np.concatenate([Q[..., :4], K[..., 4:]], -1), QKV),
+                "indexes the T axis": lambda: (False, QKV.reshape(B, T, 3, D)[:, 0], QKV),
+                "indexes the B axis": lambda: (False, QKV.reshape(B, T, 3, D)[0], QKV),
+                # the issue: my_q = q (computed apart, or copied) passed; so did q2 itself
+                "shares no memory with qkv": lambda: (False, Q, QKV, Q2),
+                "the lesson's own np.split": lambda: (False, Q2, QKV, Q2),
+                # both parts judged, the second too when the first is wrong
+                "0 of 2 parts right": lambda: (True, EVERY_THIRD, QKV),
+                # unlisted, told by relate
+                "axes in another order": lambda: (False, Q_VIEW.transpose(0, 2, 1), QKV),
+                "a reshape is missing": lambda: (False, QKV.reshape(B * T, 3, D)[:, 0], QKV),
+                "no column of it is a column of qkv": lambda: (False, Q + K + V, QKV)},
+         garbage=[lambda: ("False", Q_VIEW, QKV), lambda: (0, Q_VIEW, QKV),
+                  lambda: (False, "qkv[..., :8]", QKV), lambda: (False, [[1.0, 2.0], [3.0]], QKV),
+                  lambda: (False, np.zeros((B, T, 7)), QKV), lambda: (False, Q_VIEW, "qkv"),
+                  lambda: (False, Q_VIEW, np.zeros((B, T, 8))), lambda: (False, Q_VIEW > 0, QKV)],
+         secret=["reshape(B, T, 3, d_model)", "[:, :, 0]", "3, d_model)"]),
 ]

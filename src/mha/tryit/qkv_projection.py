@@ -6,7 +6,17 @@ from typing import Any
 
 import numpy as np
 
-from . import as_array, not_tried, not_yet, right
+from . import (
+    as_array,
+    first_match,
+    judge_parts,
+    not_tried,
+    not_yet,
+    read_array,
+    relate,
+    right,
+    self_check,
+)
 
 
 def _q_of(qkv: np.ndarray) -> np.ndarray:
@@ -17,26 +27,33 @@ def _q_of(qkv: np.ndarray) -> np.ndarray:
 
 def _require_qkv(qkv: Any) -> np.ndarray:
     """The fused output, (B, T, 3 * d_model), as the lesson computes it."""
-    value = as_array(qkv, "qkv")
+    value = as_array(read_array(qkv, "qkv must be an array"), "qkv")
     if value.ndim != 3 or value.shape[-1] % 3:
         not_yet(f"qkv must be the fused output of shape (B, T, 3 * d_model), got shape "
                 f"{value.shape}")
     return value
 
 
-def _check_prediction(prediction: Any, qkv: np.ndarray) -> str:
-    """Say right about the prediction 'the classmate's split gives q', or raise NotYet."""
-    if not isinstance(prediction, bool | np.bool_):
+def _as_bool(prediction: Any) -> bool:
+    """The prediction as True or False (a numpy or torch boolean too), or NotYet."""
+    value = np.asarray(prediction.detach().cpu() if hasattr(prediction, "detach") else prediction)
+    if isinstance(prediction, str | bytes) or value.dtype != np.bool_ or value.shape != ():
         not_yet(f"my_prediction must be True or False, got {type(prediction).__name__} "
-                f"{prediction!r}")
+                f"{prediction!r:.40}")
+    return bool(value)
+
+
+def _judge_prediction(prediction: Any, qkv: np.ndarray) -> str:
+    """Right about the prediction 'the classmate's split gives q', or NotYet."""
+    said = _as_bool(prediction)
     B, T, three_d = qkv.shape
     classmate = qkv.reshape(B, T, three_d // 3, 3)[..., 0]  # (B, T, d_model)
     gives_q = bool(np.allclose(classmate, _q_of(qkv), rtol=0.0, atol=1e-12))
-    if bool(prediction) != gives_q:
-        not_yet("the prediction: you say the classmate's split gives q; compare "
-                "qkv.reshape(B, T, d_model, 3)[..., 0] with q: which columns of qkv does "
-                "[..., 0] pick, and which columns hold q?")
-    return "the prediction is right: the classmate's split is not q"
+    if said != gives_q:
+        not_yet(f"you say the classmate's split {'gives' if said else 'does not give'} q; "
+                f"compare qkv.reshape(B, T, d_model, 3)[..., 0] with q: which columns of qkv "
+                f"does [..., 0] pick, and which columns hold q?")
+    return right("the classmate's split is not q")
 
 
 def _source_columns(got: np.ndarray, qkv: np.ndarray) -> list[int | None]:
@@ -49,46 +66,53 @@ def _source_columns(got: np.ndarray, qkv: np.ndarray) -> list[int | None]:
     return cols
 
 
-def _named(got: np.ndarray, qkv: np.ndarray) -> str | None:
-    """The message of the typical wrong reshape that got is, or None."""
+def _mistakes(qkv: np.ndarray) -> list[tuple[np.ndarray, str]]:
+    """The typical wrong cuts of qkv, as values, each with the mistake it makes."""
     B, T, three_d = qkv.shape
     d = three_d // 3
-    if got.shape == (B, T, 3) and np.allclose(got, qkv.reshape(B, T, 3, d)[..., 0], atol=1e-12):
-        return ("wrong index: reshape(B, T, 3, d_model) is right, but [..., 0] indexes the last "
-                "axis (d_model) and keeps column 0 of q, k and v; index the axis of length 3")
-    if got.shape == (B, T, 3 * d):
-        return "that is all of qkv, q, k and v side by side: cut one of the three blocks out"
-    if got.shape != (B, T, d):
-        return None
-    cols = _source_columns(got, qkv)
-    if cols == list(range(0, 3 * d, 3)):
-        return ("that is the classmate's split: reshape(B, T, d_model, 3)[..., 0] groups "
-                "consecutive columns in threes, so it takes every third column (0, 3, 6, ...), "
-                "a mix of q, k and v columns")
+    grouped = qkv.reshape(B, T, d, 3)  # (B, T, d_model, 3): consecutive columns in threes
+    blocks = qkv.reshape(B, T, 3, d)  # (B, T, 3, d_model)
+    found = [
+        (grouped[..., 0], "that is the classmate's split: reshape(B, T, d_model, 3)[..., 0] "
+                          "groups consecutive columns in threes, so it takes every third column "
+                          "(0, 3, 6, ...), a mix of q, k and v columns"),
+        (blocks[..., 0], "wrong index: your reshape groups the columns well, but [..., 0] "
+                         "indexes the last axis (d_model) and keeps column 0 of q, k and v; "
+                         "index the axis of length 3"),
+        (blocks[:, 0], "that indexes the T axis: [:, 0] keeps token 0 of each sequence (its q, "
+                       "k and v); the index belongs on the axis of length 3"),
+        (blocks[0], "that indexes the B axis: [0] keeps sequence 0 (its q, k and v for every "
+                    "token); the index belongs on the axis of length 3"),
+        (qkv, "that is all of qkv, q, k and v side by side: cut one of the three blocks out"),
+        (qkv.reshape(B, 3, T, d)[:, 0], "that reshape puts the 3 before T, (B, 3, T, d_model): "
+                                        "it mixes tokens, since a reshape never moves numbers; "
+                                        "keep B and T first and split the last axis"),
+        (qkv.reshape(3, B, T, d)[0], "that reshape puts the 3 in front of B, (3, B, T, "
+                                     "d_model): it mixes sequences and tokens; keep B and T "
+                                     "first and split the last axis"),
+    ]
     for start in (1, 2):
-        if cols == list(range(start, 3 * d, 3)):
-            return (f"that is the classmate's split with index {start}: every third column "
-                    f"from column {start}, still a mix of q, k and v; the axis of length 3 "
-                    f"must come before d_model")
+        found.append((grouped[..., start], f"that is the classmate's split with index {start}: "
+                                           f"every third column from column {start}, still a mix "
+                                           f"of q, k and v"))
     for name, block in (("k", 1), ("v", 2)):
-        if cols == list(range(block * d, (block + 1) * d)):
-            return (f"that is {name}: index {block} of the axis of length 3 is the {name} "
-                    f"block; the blocks are q, k, v in this order")
-    if np.allclose(got, qkv.reshape(B, 3, T, d)[:, 0], atol=1e-12):
-        return ("that reshape puts the 3 before T, (B, 3, T, d_model): it mixes tokens, since "
-                "a reshape never moves numbers; keep B and T first and split the last axis")
-    if np.allclose(got, qkv.reshape(3, B, T, d)[0], atol=1e-12):
-        return ("that reshape puts the 3 in front of B, (3, B, T, d_model): it mixes sequences "
-                "and tokens; keep B and T first and split the last axis")
-    return None
+        found.append((blocks[:, :, block], f"that is {name}: index {block} of the axis of length "
+                                           f"3 is the {name} block; the blocks are q, k, v in "
+                                           f"this order"))
+    return found
 
 
 def _fallback(got: np.ndarray, qkv: np.ndarray) -> str:
     """What the unknown answer holds, in terms of qkv's columns, without writing the reshape."""
     d = qkv.shape[-1] // 3
-    if got.shape != qkv.shape[:2] + (d,):
-        return f"my_q must have the shape of q, {qkv.shape[:2] + (d,)}, got shape {got.shape}"
+    want = _q_of(qkv)  # (B, T, d_model)
+    if got.shape != want.shape:
+        return relate(got, want, "my_q")
     cols = _source_columns(got, qkv)
+    if all(c is None for c in cols):
+        return relate(got, want, "my_q") + ("; and no column of it is a column of qkv: a "
+                                            "reshape and an index only pick numbers, they never "
+                                            "compute new ones")
     c = next((i for i, j in enumerate(cols) if j != i), 0)
     if cols[c] is None:
         return (f"column {c} of your q is no column of qkv for every token: the reshape mixed "
@@ -98,22 +122,43 @@ def _fallback(got: np.ndarray, qkv: np.ndarray) -> str:
             f"qkv holds all of q, then all of k, then all of v along its last axis")
 
 
-def check_split(prediction: Any, my_q: Any, qkv: Any) -> str:
-    """Say right, or what is wrong with the prediction and the reshape that cuts q out of qkv."""
+def _judge_q(my_q: Any, qkv: np.ndarray, q2: Any) -> str:
+    """Right if my_q is q cut out of qkv (a view of it, not a copy of q), or NotYet."""
+    got = read_array(my_q, "my_q must be an array (a reshape of qkv)")
+    as_array(got, "my_q")  # numbers, not text or booleans
+    want = _q_of(qkv)  # (B, T, d_model)
+    if got.shape == want.shape and np.allclose(got, want, rtol=0.0, atol=1e-12):
+        if q2 is not None and my_q is q2:
+            not_yet("my_q is q2, the lesson's own np.split of qkv: cut q out of qkv yourself, "
+                    "with a reshape and an index")
+        if not np.shares_memory(got, qkv):
+            not_yet("my_q holds q's numbers but shares no memory with qkv, so it was not cut "
+                    "out of it: it is q itself (my_q = q), q computed again, or a copy "
+                    "(.copy(), np.array(...)). A reshape and an index give a view of qkv: "
+                    "cut q out of qkv that way")
+        return right("my_q is q: qkv holds all of q, then all of k, then all of v, so the axis "
+                     "of length 3 comes before d_model")
+    why = first_match(got, _mistakes(qkv), atol=1e-12)
+    not_yet(why if why is not None else _fallback(got, qkv))
+
+
+@self_check
+def check_split(prediction: Any, my_q: Any, qkv: Any, q2: Any = None) -> str:
+    """Say right, or what is wrong with the prediction and the reshape that cuts q out of qkv.
+
+    q2: the lesson's own np.split block, so that `my_q = q2` is told apart from a reshape.
+    """
     if prediction is None and my_q is None:
         return not_tried("write my_prediction (True or False) and my_q (a reshape of qkv), then "
                          "run this cell")
     fused = _require_qkv(qkv)
-    said = _check_prediction(prediction, fused) if prediction is not None else None
     if my_q is None:
-        return not_tried(f"{said}; now write my_q, a reshape of qkv that gives q")
-    got = as_array(my_q, "my_q")
-    if got.shape == fused.shape[:2] + (fused.shape[-1] // 3,) and np.allclose(
-            got, _q_of(fused), rtol=0.0, atol=1e-12):
-        if said is None:
-            return not_tried("my_q is right; now write my_prediction: does the classmate's "
-                             "split give q, True or False?")
-        return right(f"{said}, and your my_q is q: the axis of length 3 comes before d_model, "
-                     f"because qkv holds all of q, then all of k, then all of v")
-    why = _named(got, fused)
-    not_yet(why if why is not None else _fallback(got, fused))
+        said = _judge_prediction(prediction, fused).removeprefix("right: ")
+        return not_tried(f"the prediction is right ({said}); now write my_q, a reshape of qkv "
+                         f"that gives q")
+    if prediction is None:
+        _judge_q(my_q, fused, q2)
+        return not_tried("my_q is right; now write my_prediction: does the classmate's split "
+                         "give q, True or False?")
+    return judge_parts(my_prediction=lambda: _judge_prediction(prediction, fused),
+                       my_q=lambda: _judge_q(my_q, fused, q2))

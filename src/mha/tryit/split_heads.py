@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from .. import planted, steps
-from . import not_tried, not_yet, right
+from . import NotYet, first_match, guarded, not_tried, not_yet, right, self_check
 
 Shape = tuple[int, int, int, int]  # (B, T, d_model, h)
 
@@ -55,19 +55,39 @@ def _measured(shape: Shape) -> bool:
     return bool(np.array_equal(merged, x))
 
 
+_RULE = "my_rule must be a rule about the four numbers, not a run of the round trip"
+
+# Pairs of shapes that differ in one number the round trip does not depend on: a rule that
+# answers them differently depends on that number.
+PROBES: dict[str, tuple[tuple[Shape, Shape], ...]] = {
+    "B": (((1, 3, 6, 2), (4, 3, 6, 2)), ((1, 1, 4, 2), (3, 1, 4, 2)), ((1, 4, 8, 1), (5, 4, 8, 1))),
+    "d_model": (((2, 3, 6, 3), (2, 3, 12, 3)), ((2, 3, 6, 2), (2, 3, 2, 2)),
+                ((2, 1, 8, 4), (2, 1, 4, 4)), ((2, 5, 3, 1), (2, 5, 8, 1))),
+}
+
+
 def _apply(rule: Callable[..., Any], shape: Shape) -> bool:
-    """rule(*shape) as a bool, or NotYet saying what the rule did instead."""
+    """rule(*shape) as a bool (under the grading guard), or NotYet saying what it did instead."""
     try:
-        said = rule(*shape)
+        said = guarded(rule, *shape, rule=_RULE)
+    except NotYet:
+        raise
     except Exception as e:  # noqa: BLE001 - the student's code: report, do not crash
         not_yet(f"my_rule{shape} raised {type(e).__name__}: {e}; my_rule must take the four "
                 f"numbers (B, T, d_model, h) and return True or False")
     if said is None:
         not_yet(f"my_rule{shape} returned None: return True where the bug is harmless, False "
                 f"elsewhere")
-    if not isinstance(said, bool | np.bool_):
-        not_yet(f"my_rule{shape} must return True or False, got {type(said).__name__} {said!r}")
-    return bool(said)
+    if hasattr(said, "detach"):  # a torch boolean
+        said = said.detach().cpu().numpy()
+    value = np.asarray(said) if isinstance(said, np.ndarray | np.generic) else said
+    if isinstance(value, np.ndarray) and value.shape == () and value.dtype == np.bool_:
+        return bool(value)
+    if isinstance(value, bool | np.bool_):
+        return bool(value)
+    if isinstance(value, int | np.integer) and value in (0, 1):
+        return bool(value)  # 1 / 0 read as True / False
+    not_yet(f"my_rule{shape} must return True or False, got {type(said).__name__} {said!r:.40}")
 
 
 def _disagreements(mine: list[bool], measured: list[bool], shapes: tuple[Shape, ...]) -> str:
@@ -78,6 +98,32 @@ def _disagreements(mine: list[bool], measured: list[bool], shapes: tuple[Shape, 
     return "(B, T, d_model, h) = " + "; ".join(parts[:4]) + more
 
 
+def _depends(rule: Callable[..., Any]) -> str:
+    """' Your rule changes its answer when only B changes: ...' or ''."""
+    for name, pairs in PROBES.items():
+        for a, b in pairs:
+            ra, rb = _apply(rule, a), _apply(rule, b)
+            if ra != rb:
+                return (f" Your rule also changes its answer when only {name} changes: {a} -> "
+                        f"{ra}, {b} -> {rb}; the skipped transpose never touches {name}, so the "
+                        f"round trip is the same for both.")
+    return ""
+
+
+def _too_broad_or_narrow(mine: list[bool], measured: list[bool]) -> str:
+    """How many shapes the rule calls harmless wrongly, and how many exact ones it misses."""
+    broad = sum(r and not m for r, m in zip(mine, measured, strict=True))
+    narrow = sum(m and not r for r, m in zip(mine, measured, strict=True))
+    said = []
+    if broad:
+        said.append(f"calls {broad} shape{'s' * (broad != 1)} harmless where the round trip is "
+                    f"wrong")
+    if narrow:
+        said.append(f"misses {narrow} shape{'s' * (narrow != 1)} where it is exact")
+    return "your rule " + " and ".join(said)
+
+
+@self_check
 def check_harmless_rule(my_rule: Any, shapes: tuple[Shape, ...] = SHAPES) -> str:
     """Say right, or where the rule for 'merge_no_transpose is harmless' disagrees, and why."""
     if my_rule is None:
@@ -85,7 +131,7 @@ def check_harmless_rule(my_rule: Any, shapes: tuple[Shape, ...] = SHAPES) -> str
                          "where merge_no_transpose is harmless, then run this cell")
     if not callable(my_rule):
         not_yet(f"my_rule must be a function of (B, T, d_model, h), got {type(my_rule).__name__} "
-                f"{my_rule!r}")
+                f"{my_rule!r:.60}")
     measured = [_measured(s) for s in shapes]
     mine = [_apply(my_rule, s) for s in shapes]
     if mine == measured:
@@ -93,9 +139,10 @@ def check_harmless_rule(my_rule: Any, shapes: tuple[Shape, ...] = SHAPES) -> str
                      f"skipped transpose swaps the h and T axes, which reorders nothing when "
                      f"one of them has length 1")
     where = _disagreements(mine, measured, shapes)
-    for wrong, why in MISTAKES:
-        if mine == [bool(wrong(*s)) for s in shapes]:
-            not_yet(f"{why} It disagrees at {where}")
-    not_yet(f"your rule disagrees with the measured round trip at {where}. What do the shapes "
-            f"where the bug is harmless have in common? The transpose it skips swaps the h and "
-            f"T axes")
+    why = first_match(np.array(mine), [([bool(w(*s)) for s in shapes], why)
+                                       for w, why in MISTAKES])
+    if why is not None:
+        not_yet(f"{why} It disagrees at {where}")
+    not_yet(f"{_too_broad_or_narrow(mine, measured)}: at {where}.{_depends(my_rule)} What do "
+            f"the shapes where the bug is harmless have in common? The transpose it skips swaps "
+            f"the h and T axes")
