@@ -104,6 +104,7 @@ CASES = [
          garbage=[lambda: ("seven",), lambda: ([[True], [True, False]],),
                   lambda: (np.ones((2, 2), dtype=bool),), lambda: (np.full((3, 1, T, T), "x"),),
                   lambda: (lambda lengths, T: "seven",), lambda: (lambda lengths, T: np.ones((2, 2)),),
-                  lambda: (lambda lengths, T: np.full((len(lengths), 1, T, T), 0.5),)],
+                  lambda: (lambda lengths, T: np.full((len(lengths), 1, T, T), 0.5),),
+                  lambda: (lambda lengths: lengths,)],
          secret=["real[:, None", "[:, None, :, None]", "pos[None, :] <", "< lengths[:, None]"]),
 ]
