@@ -38,7 +38,11 @@ CASES = [
                 "7 x 7 grid": lambda: ((21, 7),),  # 64 / 8 read as 7 blocks
                 "16 x 16 grid": lambda: ((120, 16),),  # blocks of 4
                 "a third kind is left out": lambda: ((32, 32),),
-                "factor 2 too big": lambda: ((28, 16),),  # two cut tiles per row
+                "exactly 2 times": lambda: ((28, 16),),  # two cut tiles per row
+                "factor n = 8 (blocks a side) too small": lambda: ((28, 1),),
+                "nothing skipped": lambda: ((0, 8),),
+                "without the causal mask": lambda: ((0, 0),),
+                "first query block's row only": lambda: ((7, 8),),
                 "allowed ones, diagonal": lambda: ((2080, 64),),
                 "three numbers": lambda: ((28, 8, 28),),
                 "one key names each count": lambda: ({"a": 28, "b": 8},)},

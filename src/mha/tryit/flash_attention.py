@@ -103,6 +103,12 @@ def _mistakes(n: int, T: int, block: int) -> list[tuple[tuple[float, float], str
         ((above, 2 * on - 1), "the tiles next to the diagonal counted as partly masked: with square "
                               "blocks aligned to the diagonal the staircase cuts only the diagonal "
                               "tiles; the one just below is wholly visible (FULL)"),
+        ((0, on), "nothing skipped? A tile whose keys all come after all its queries holds only "
+                  "forbidden pairs, so the loop never computes it (the `break`)"),
+        ((0, 0), "that is attention without the causal mask: every tile computed in full; with it, "
+                 "the tiles above the diagonal are skipped and those on it cut"),
+        ((n - 1, on), "that counts the skipped tiles of the first query block's row only: every "
+                      "row of the grid has its own, one fewer each row down"),
         ((T * (T - 1) // 2, T), "those count scores, not tiles: the question asks how many of the "
                                 f"{tiles} tiles of {block} x {block} are skipped or cut"),
         ((T * (T + 1) // 2, T), "those count scores, not tiles (the allowed ones, diagonal "
@@ -129,12 +135,12 @@ _HOW = {"skipped": "the skipped tiles lie wholly right of the staircase, strictl
 def _one_count(got: float, want: int, name: str, n: int) -> str:
     """A part's verdict: right, or how this count relates to the right one.
 
-    A named ratio (2, n) or an off-by-one is said; any other ratio is not printed, since with
+    A whole ratio (2, n) or an off-by-one is said; any other ratio is not printed, since with
     counts this small it would give the right one away: only too many or too few, and how to count.
     """
     if got == want:
         return right(f"your {name} count")
-    said = describe_number(got, want, f"the {name} count", {"2": 2, f"n = {n} (blocks a side)": n})
+    said = describe_number(got, want, f"the {name} count", {f"n = {n} (blocks a side)": n})
     if said.endswith(("(too big)", "(too small)")) and "exactly" not in said:
         said = f"the {name} count is too {'high' if got > want else 'low'}"
     not_yet(f"{said}; {_HOW[name]}")
