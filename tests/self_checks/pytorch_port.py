@@ -21,7 +21,7 @@ NP_MHA = diagnose.module_with_biases(D_MODEL, N_HEADS, seed=5)  # nonzero biases
 
 
 def forward(split="view-transpose", merge="transpose-reshape", causal=True, scale=None,
-            out_proj=True, mask=None, ret="out"):
+            out_proj=True, mask=None, ret="out", drop=()):
     """A student's my_forward(x_np), written in plain torch from NP_MHA's weights, with one slip."""
     W = {n: torch.from_numpy(getattr(NP_MHA, n)) for n in
          ("Wq", "bq", "Wk", "bk", "Wv", "bv", "Wo", "bo")}  # numpy layout: W (in, out)
@@ -36,15 +36,18 @@ def forward(split="view-transpose", merge="transpose-reshape", causal=True, scal
                 return a.view(B, T, h, d_k).transpose(1, 2)
             return a.view(B, h, T, d_k)  # no transpose: tokens and heads mixed
 
-        q, k, v = (heads(x @ W[f"W{n}"] + W[f"b{n}"]) for n in "qkv")  # (B, h, T, d_k)
+        q, k, v = (heads(x @ W[f"W{n}"] + (0 if f"b{n}" in drop else W[f"b{n}"]))
+                   for n in "qkv")  # (B, h, T, d_k)
         y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=causal,
                                            scale=scale)  # (B, h, T, d_k)
         if ret == "heads":
             return y
         merged = {"transpose-reshape": lambda: y.transpose(1, 2).reshape(B, T, d),
+                  "transpose-contiguous-view": lambda: y.transpose(1, 2).contiguous().view(B, T, d),
+                  "transpose-view": lambda: y.transpose(1, 2).view(B, T, d),  # the trap
                   "reshape": lambda: y.reshape(B, T, d),     # no transpose back
                   "view": lambda: y.view(B, T, d)}[merge]()  # (B, T, d_model)
-        out = merged @ W["Wo"] + W["bo"] if out_proj else merged  # (B, T, d_model)
+        out = merged @ W["Wo"] + (0 if "bo" in drop else W["bo"]) if out_proj else merged
         return (out, None) if ret == "tuple" else out
 
     return my_forward
@@ -61,6 +64,34 @@ def _numpy_input(x_np):
 
 
 ANTI = ~torch.ones(5, 5, dtype=torch.bool).tril()  # nn.MultiheadAttention's causal mask (T = 5)
+PT_TWIN = MultiHeadAttention(D_MODEL, N_HEADS, seed=5, dtype=torch.float64)
+PT_TWIN.load_numpy_(NP_MHA)  # the torch module of the lesson: NP_MHA's weights, transposed
+
+
+def with_layers(x_np):
+    """The lesson's answer: PT_TWIN's four nn.Linear layers and SDPA."""
+    x = torch.from_numpy(x_np)  # (B, T, d_model)
+    B, T, _ = x.shape
+    h, d_k = PT_TWIN.n_heads, PT_TWIN.d_k
+    q, k, v = (lin(x).view(B, T, h, d_k).transpose(1, 2)
+               for lin in (PT_TWIN.q_proj, PT_TWIN.k_proj, PT_TWIN.v_proj))  # (B, h, T, d_k)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, d_k)
+    return PT_TWIN.out_proj(y.transpose(1, 2).reshape(B, T, h * d_k)).detach().numpy()
+
+
+def calls_pt_mha(x_np):
+    """The forbidden shortcut: the torch module's own forward."""
+    return PT_TWIN(torch.from_numpy(x_np), causal=True)
+
+
+def calls_np_mha(x_np):
+    """The forbidden shortcut: the numpy reference itself."""
+    return NP_MHA(x_np, causal=True)
+
+
+def doubled(x_np):
+    """An unlisted slip: the output twice over (out_proj applied to merged + merged)."""
+    return 2 * forward()(x_np)
 
 # ---- the padding mask: B = 2, T = 6, item 0 has 3 real tokens ---------------------------------
 B, T, REAL = 2, 6, 3
@@ -98,9 +129,12 @@ CASES = [
     Case(tryit.check_forward,
          right=lambda: (forward(), NP_MHA),
          untried=lambda: (None, NP_MHA),
+         right_forms=[lambda: (with_layers, NP_MHA),  # returns numpy, built from the layers
+                      lambda: (forward(merge="transpose-contiguous-view"), NP_MHA)],
          wrong={"splits without the transpose": lambda: (forward(split="view"), NP_MHA),
                 "merges without the transpose": lambda: (forward(merge="reshape"), NP_MHA),
-                "cannot merge axes": lambda: (forward(merge="view"), NP_MHA),
+                # the trap the CPU flash kernel hid: caught by running SDPA's math kernel
+                "cannot merge axes": lambda: (forward(merge="transpose-view"), NP_MHA),
                 "is_causal=True": lambda: (forward(causal=False), NP_MHA),
                 "not scaled": lambda: (forward(scale=1.0), NP_MHA),
                 "scaled twice": lambda: (forward(scale=1 / (D_MODEL // N_HEADS)), NP_MHA),
@@ -111,15 +145,31 @@ CASES = [
                 "returned a tuple": lambda: (forward(ret="tuple"), NP_MHA),
                 "from x.shape": lambda: (_uses_globals, NP_MHA),
                 "torch.from_numpy": lambda: (_numpy_input, NP_MHA),
-                "forget the `return`": lambda: (lambda x_np: None, NP_MHA)},
+                "forget the `return`": lambda: (lambda x_np: None, NP_MHA),
+                # the issue's forbidden shortcuts, refused by the grading guard
+                "mha.torch_mha.MultiHeadAttention": lambda: (calls_pt_mha, NP_MHA),
+                "mha.numpy_mha.MultiHeadAttention": lambda: (calls_np_mha, NP_MHA),
+                "my_forward is the package's own": lambda: (PT_TWIN, NP_MHA),
+                # not in the old table
+                "sqrt(d_model) instead of sqrt(d_k)": lambda: (forward(scale=1 / D_MODEL ** 0.5),
+                                                               NP_MHA),
+                "drops the output projection's bias": lambda: (forward(drop=("bo",)), NP_MHA),
+                "drops the bias of q_proj": lambda: (forward(drop=("bq",)), NP_MHA),
+                "exactly 2 times the right one": lambda: (doubled, NP_MHA)},
          garbage=[lambda: ("my_forward", NP_MHA), lambda: (np.zeros((2, 5, D_MODEL)), NP_MHA),
                   lambda: (lambda x_np: "out", NP_MHA),
                   lambda: (lambda x_np: [[1.0, 2.0], [3.0]], NP_MHA)]),
     Case(tryit.check_padding,
          right=lambda: (RIGHT_PAD, padded_output(RIGHT_PAD), PT_MHA, X),
          untried=lambda: (None, None, PT_MHA, X),
+         right_forms=[lambda: with_pad(torch.from_numpy(RIGHT_PAD)),
+                      lambda: with_pad(RIGHT_PAD[:, None]),  # (B, 1, T, S): broadcast over heads
+                      # the causal part may be written in too: the module adds it anyway
+                      lambda: with_pad(RIGHT_PAD & np.tril(np.ones((T, T), dtype=bool)))],
          wrong={"nn.MultiheadAttention's convention": lambda: with_pad(~RIGHT_PAD),
                 "(B, T)": lambda: with_pad(np.array([[s < REAL for s in range(T)], [True] * T])),
+                "True on the padding, torch's key_padding_mask":
+                    lambda: with_pad(np.array([[s >= REAL for s in range(T)], [False] * T])),
                 "whole batch": lambda: with_pad(np.tril(np.ones((T, T), dtype=bool))),
                 "rows of queries": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or t < REAL)),
                 "also the rows": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or max(s, t) < REAL)),
@@ -134,10 +184,27 @@ CASES = [
                 "without the mask": lambda: (RIGHT_PAD, padded_output(np.ones((B, T, T), bool)),
                                              PT_MHA, X),
                 "still None": lambda: (RIGHT_PAD, None, PT_MHA, X),
-                "not the padding mask yet": lambda: with_pad(pad_of(lambda b, t, s: not (b == 0 and s == 4))),
-                "off by": lambda: (RIGHT_PAD, padded_output(RIGHT_PAD) + 1e-3, PT_MHA, X)},
+                "allows 4 entries that should be blocked": lambda: with_pad(
+                    pad_of(lambda b, t, s: not (b == 0 and s == 4))),
+                "out_padded is not the module's output": lambda: (
+                    RIGHT_PAD, padded_output(RIGHT_PAD) + 1e-3, PT_MHA, X),
+                # the issue's findings: masks in other conventions are read as such
+                "an additive float mask": lambda: with_pad(np.where(RIGHT_PAD, 0.0, -np.inf)),
+                "0 and -inf swapped": lambda: with_pad(np.where(RIGHT_PAD, -np.inf, 0.0)),
+                "integer 0/1 numbers": lambda: with_pad(RIGHT_PAD.astype(np.int64)),
+                "1 on the pads": lambda: with_pad((~RIGHT_PAD).astype(np.int64)),
+                # both parts judged: a wrong pad with out_padded computed from it
+                "right once pad is": lambda: with_pad(pad_of(
+                    lambda b, t, s: (b == 1 and s != 0) or (b == 0 and s < REAL))),
+                "0 of 2 parts right": lambda: (pad_of(lambda b, t, s: s < REAL),
+                                               padded_output(RIGHT_PAD) * 2, PT_MHA, X),
+                # not in the old table
+                "blocks every key of item 1": lambda: with_pad(pad_of(lambda b, t, s: b == 0 and s < REAL)),
+                "with the mask inverted": lambda: (RIGHT_PAD, padded_output(~RIGHT_PAD), PT_MHA, X),
+                "every entry of out_padded is": lambda: (RIGHT_PAD, padded_output(RIGHT_PAD) * 2,
+                                                          PT_MHA, X)},
          garbage=[lambda: ("pad", None, PT_MHA, X), lambda: ([[True, False], [True]], None, PT_MHA, X),
-                  lambda: (RIGHT_PAD.astype(np.int64), None, PT_MHA, X),
+                  lambda: (np.full((B, T, T), 0.5), None, PT_MHA, X),
                   lambda: (RIGHT_PAD, "out", PT_MHA, X),
                   lambda: (RIGHT_PAD, torch.zeros(B, T), PT_MHA, X)]),
 ]
