@@ -35,7 +35,6 @@ CASES = [
                 "or bfloat16); the question is float32; or that halves the cache for the causal mask":
                     lambda: (2_097_152,),
                 "numbers, not bytes": lambda: (1_048_576,),
-                "8 bytes per number": lambda: (8_388_608,),
                 "MiB": lambda: (4,),
                 "heads": lambda: (524_288,),
                 "bits: the answer is wanted in bytes (8 bits each); or that uses d_model = h * d_k":
@@ -50,7 +49,10 @@ CASES = [
                 "off by 1": lambda: (4_194_305,),
                 "no clean factor": lambda: (1000,),
                 "exactly 4 times": lambda: (16_777_216,),
-                "whole number": lambda: (4194304.5,)},
+                "whole number": lambda: (4194304.5,),
+                "close but not exact": lambda: (4_000_000,),  # 4 MiB read as 4 * 10**6
+                "factor 2 for K and V twice": lambda: (8_388_608,),
+                "GB (billions": lambda: (0.004194304,)},
          garbage=[lambda: ("four MiB",), lambda: ([4194304, 1],), lambda: (True,)],
          secret=SECRET),
     Case(tryit.check_cache_formula,
@@ -78,6 +80,7 @@ CASES = [
                 "five arguments": lambda: (lambda B, h, max_len, d_k: 2 * B * h * max_len * d_k * 4,),
                 "raised ZeroDivisionError": lambda: (formula(lambda B, h, n, d, i: B / 0),),
                 "no clean factor": lambda: (formula(lambda B, h, n, d, i: 3 * B * h * n * d * i / 7),),
+                "gives 0 bytes at B = 3": lambda: (formula(lambda B, h, n, d, i: 2 * B * h * n * d * i // 2**20),),
                 "max_len doubles": lambda: (formula(lambda B, h, n, d, i: 2 * B * h * 1024 * d * i),)},
          garbage=[lambda: (RIGHT,), lambda: ("2 * B * h * max_len * d_k * itemsize",),
                   lambda: (formula(lambda B, h, n, d, i: "four MiB"),)],

@@ -97,7 +97,9 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
         (want * 8, "that is bits: the answer is wanted in bytes (8 bits each)"),
         (want * h, "that uses d_model = h * d_k where d_k belongs: each head caches vectors of "
                    "d_k numbers"),
+        (want * 2, "that has the factor 2 for K and V twice"),
         (want * 32, "that is 32 layers: the question asks for one layer"),
+        (want / 10**9, "that is the size in GB (billions of bytes): the answer is wanted in bytes"),
         (want / 2**20, "that is the size in MiB: the answer is wanted in bytes"),
         (want / 10**6, "that is the size in MB (millions of bytes): the answer is wanted in bytes"),
         (want / 2**10, "that is the size in KiB: the answer is wanted in bytes"),
@@ -152,6 +154,9 @@ def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, 
         not_yet(said)
     if got != int(got):
         not_yet(f"a number of bytes is a whole number, got {got:g}")
+    if 0.9 < got / want < 1.1 and abs(got - want) > 2:  # off by 1 or 2: said by _describe
+        not_yet("your number is close but not exact: count the bytes exactly, with no rounding "
+                "and no unit conversion (a KiB is 1024 bytes, not 1000)")
     not_yet(_describe(got, want, "your number", h, max_len, d_k))
 
 
@@ -220,6 +225,11 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
     base = _call(fn, BASE)
     if base is None:
         not_yet(f"{name} returns None at other sizes: it must return a number for any sizes")
+    sizes = ", ".join(f"{a} = {BASE[a]}" for a in ARGS)
+    if base <= 0 or at_case <= 0:
+        where = sizes if base <= 0 else "the lesson's sizes"
+        not_yet(f"{name} gives {base if base <= 0 else at_case:g} bytes at {where}: a cache of "
+                f"any size takes a positive number of bytes (a // that rounds to whole MiB?)")
     want_case, want_base = _bytes(**CASE), _bytes(**BASE)
     grown = _growth(fn, base)
     if at_case == want_case and base == want_base and all(
