@@ -2,13 +2,14 @@
 
 When one sequence no longer fits one device, its T tokens are split over W ranks:
 - **Ring attention** keeps each rank's queries and passes the key/value blocks round a ring,
-  one step per rank; each rank merges the partial results with the logsumexp rule of the
-  FlashAttention lesson (`merge_partials`), so the answer is exact.
+  one step per rank; each rank merges the partial results with the logsumexp merge of
+  12_flash_attention.ipynb (`merge_partials`: from each part's output o and logsumexp L,
+  L = logaddexp(L_A, L_B) and o = exp(L_A - L) o_A + exp(L_B - L) o_B), so the answer is exact.
 - **Ulysses** trades the sequence split for a head split with one all-to-all: each rank then
   holds every token of h / W heads, runs the ordinary core, and a second all-to-all trades back.
 
-Each rank's algorithm is written once, as a generator that yields what it sends and receives
-what arrives (`ring_rank`, `ulysses_rank`). `simulate` drives W of them in one process, with
+Each rank's algorithm is written once, as a two-way generator: `got = yield sent` hands `sent`
+to whoever drives it and resumes with what they pass to `send()` (`ring_rank`, `ulysses_rank`). `simulate` drives W of them in one process, with
 ranks as list entries; `mha.launch` drives one per process over torch.distributed. The block
 attention is the torch core's manual path with its logsumexp (`torch_mha.attention_lse`).
 

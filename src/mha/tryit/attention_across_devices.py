@@ -133,7 +133,8 @@ def _judge_function(fn: Callable, sizes: dict[str, int]) -> str:
     name = getattr(fn, "__name__", "your function")
     got = _call(fn, sizes)
     if got is None:
-        return not_tried(f"your {name} returns None: return the bytes as a number")
+        return not_tried(f"your {name} returns None (the placeholder, or a missing `return`): "
+                         f"return the bytes as a number")
     values = [(sizes, got)]
     for key, other in _probes(sizes):
         value = _call(fn, other)

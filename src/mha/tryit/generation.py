@@ -194,7 +194,8 @@ def _judge_function(fn: Callable, lengths: Sequence[int], T: int) -> str:
     name = getattr(fn, "__name__", "your function")
     first = _run(fn, lengths, T)
     if first is None:
-        return not_tried(f"your {name} returns None: write the code that builds the (B, T) positions")
+        return not_tried(f"your {name} returns None (the placeholder, or a missing `return`): "
+                         f"write the code that builds the (B, T) positions and return them")
     like = (lambda ls: np.array(ls)) if isinstance(lengths, np.ndarray) else list  # as the lesson
     batches = [(tuple(int(n) for n in lengths), T), *OTHER_BATCHES]
     for i, (ls, t) in enumerate(batches):
