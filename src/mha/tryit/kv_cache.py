@@ -98,6 +98,7 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
         (want * h, "that uses d_model = h * d_k where d_k belongs: each head caches vectors of "
                    "d_k numbers"),
         (want * 2, "that has the factor 2 for K and V twice"),
+        (want / 8, "that is divided by 8 (bits to bytes?) where the count is in bytes already"),
         (want * 32, "that is 32 layers: the question asks for one layer"),
         (want / 10**9, "that is the size in GB (billions of bytes): the answer is wanted in bytes"),
         (want / 2**20, "that is the size in MiB: the answer is wanted in bytes"),
@@ -114,16 +115,14 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
     ]
 
 
-def _factors(h: int, max_len: int, d_k: int) -> dict[str, float]:
-    """Named factors for describing an unlisted number: what a ratio to the right one may mean."""
-    return {"2 (K and V)": 2, "4 (the bytes of a float32)": 4, f"h = {h}": h,
-            f"d_k = {d_k}": d_k, f"max_len = {max_len}": max_len, "8 (bits per byte)": 8}
+FACTORS = {"2 (K and V)": 2, "8 (bits per byte)": 8}
+"""What a whole ratio to the right count may mean, beyond the slips listed by value."""
 
 
-def _describe(got: float, want: float, name: str, h: int, max_len: int, d_k: int) -> str:
-    """How an unlisted number relates to the right one; a ratio that is not a clean factor is
+def _describe(got: float, want: float, name: str, factors: dict[str, float]) -> str:
+    """How an unlisted number relates to the right one; a ratio that is not a whole one is
     not printed (with the student's number it would give the right one away)."""
-    said = describe_number(got, want, name, _factors(h, max_len, d_k))
+    said = describe_number(got, want, name, factors)
     if said.endswith(("(too big)", "(too small)")) and "exactly" not in said:
         said = (f"{name} is too {'big' if got > want else 'small'}, by no clean factor: count K and "
                 f"V, B * h * max_len * d_k numbers each, and the bytes of each number")
@@ -157,7 +156,7 @@ def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, 
     if 0.9 < got / want < 1.1 and abs(got - want) > 2:  # off by 1 or 2: said by _describe
         not_yet("your number is close but not exact: count the bytes exactly, with no rounding "
                 "and no unit conversion (a KiB is 1024 bytes, not 1000)")
-    not_yet(_describe(got, want, "your number", h, max_len, d_k))
+    not_yet(_describe(got, want, "your number", {**FACTORS, f"h = {h}": h}))
 
 
 def _call(fn: Callable[..., Any], sizes: dict[str, int]) -> float | None:
@@ -250,7 +249,7 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
     if said:
         not_yet(f"{name} grows in proportion to every argument, but {said}")
     not_yet(f"{name} grows in proportion to every argument, but "
-            + _describe(base, want_base, "its result", BASE["h"], BASE["max_len"], BASE["d_k"]))
+            + _describe(base, want_base, "its result", FACTORS))
 
 
 _CONSTANT_MISTAKES = [  # result / (B h max_len d_k itemsize) when only the constant in front is off
