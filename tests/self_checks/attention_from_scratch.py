@@ -79,7 +79,11 @@ CASES = [
                                                                                       dtype=bool),),
                 "blocks 1 entry that should be allowed": lambda: (RIGHT_BY_HAND & ~_mask(
                     lambda t, s: (t, s) == (6, 4)),),
-                "wrong shape (1, 8, 8)": lambda: (RIGHT_BY_HAND[None],)},
+                "wrong shape (1, 8, 8)": lambda: (RIGHT_BY_HAND[None],),
+                # the weights or the averaged sequence instead of the mask
+                "holds attention weights": lambda: (RIGHT_BY_HAND / RIGHT_BY_HAND.sum(-1,
+                                                                                      keepdims=True),),
+                "one per token": lambda: (np.array([3, 2, 8 / 3, 2, 10 / 3, 5, 16 / 3, 17 / 3]),)},
          garbage=[lambda: ("seven",), lambda: ([[True, False], [True]],),
                   lambda: (np.ones((7, 7), dtype=bool),), lambda: (np.full((T, T), 0.5),),
                   lambda: (len,)],

@@ -75,7 +75,10 @@ CASES = [
                 # unlisted, told by relate
                 "axes in another order": lambda: (False, Q_VIEW.transpose(0, 2, 1), QKV),
                 "a reshape is missing": lambda: (False, QKV.reshape(B * T, 3, D)[:, 0], QKV),
-                "no column of it is a column of qkv": lambda: (False, Q + K + V, QKV)},
+                "no column of it is a column of qkv": lambda: (False, Q + K + V, QKV),
+                "reversed along axis 1": lambda: (False, Q[:, ::-1], QKV),
+                "axes in another order than (B, T, d_model); put back in order, that is the "
+                "classmate's split": lambda: (False, EVERY_THIRD.T, QKV)},
          garbage=[lambda: ("False", Q_VIEW, QKV), lambda: (0, Q_VIEW, QKV),
                   lambda: (False, "qkv[..., :8]", QKV), lambda: (False, [[1.0, 2.0], [3.0]], QKV),
                   lambda: (False, np.zeros((B, T, 7)), QKV), lambda: (False, Q_VIEW, "qkv"),

@@ -15,7 +15,7 @@ CASES = [
          right=lambda: (VARIANCE, DIVISOR),
          right_forms=[lambda: (16.0, 32.0), lambda: (np.float32(16), 4 * np.sqrt(64)),
                       lambda: (torch.tensor(16.0), torch.tensor(32.0)),
-                      lambda: (15.9, DIVISOR)],  # read off a measurement
+                      lambda: (15.9, DIVISOR), lambda: (16.5, 31.5)],  # read off a measurement
          untried=lambda: (None, None),
          wrong={"variance of one entry": lambda: (4, DIVISOR),
                 "is Var(q.k) for unit-variance inputs, unscaled": lambda: (64, DIVISOR),

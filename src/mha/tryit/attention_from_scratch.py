@@ -87,6 +87,29 @@ def _first_wrong_row(got: np.ndarray, want: np.ndarray) -> str:
            f"{np.flatnonzero(got[t]).tolist()}"
 
 
+def weights_not_mask(answer: Any, name: str, T: int) -> str | None:
+    """A message if the answer is a (T, T) matrix of attention weights (rows summing to 1)."""
+    try:
+        value = np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer,
+                           dtype=np.float64)  # (T, T) if it is weights
+    except Exception:  # noqa: BLE001 - not numbers at all: read_mask says what arrived
+        return None
+    if value.shape != (T, T) or np.isin(value, (0.0, 1.0)).all() or (value < 0).any():
+        return None
+    if not np.allclose(value.sum(axis=-1), 1.0, atol=1e-6):
+        return None
+    return (f"{name} holds attention weights (each row sums to 1), the result of the softmax: "
+            f"the exercise asks for the mask that goes into it, True where query t may see key s")
+
+
+def _size(answer: Any) -> int | None:
+    """How many numbers the answer holds, or None if numpy cannot read it as one array."""
+    try:
+        return int(np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer).size)
+    except Exception:  # noqa: BLE001 - ragged lists: read_mask says what arrived
+        return None
+
+
 _USE = {"bool": "", "0/1": "; it holds 0/1 numbers, and masked_softmax wants booleans, so pass "
                            "it as allowed == 1",
         "additive": "; it is an additive mask (0 where allowed), and masked_softmax wants booleans, so "
@@ -102,6 +125,12 @@ def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
     if isinstance(allowed, str | bytes) or callable(allowed):
         not_yet(f"allowed must be a ({T}, {T}) boolean array, got {type(allowed).__name__} "
                 f"{allowed!r:.60}")
+    weights = weights_not_mask(allowed, "allowed", T)
+    if weights is not None:
+        not_yet(weights)
+    if _size(allowed) == T:
+        not_yet(f"allowed holds {T} numbers, one per token: that is the averaged sequence, not "
+                f"the mask; the mask has one entry per pair (query t, key s), shape ({T}, {T})")
     got, convention = read_mask(allowed, "allowed")  # bool, 0/1 or additive, read as allowed
     want = _band(T, window - 1, 0)  # (T, T): keys t - window + 1 .. t
     if got.shape != want.shape:

@@ -9,6 +9,7 @@ import numpy as np
 from .. import checks, steps
 from ..numpy_mha import MultiHeadAttention
 from . import first_match, mask_verdict, not_tried, not_yet, read_mask, relate, right, self_check
+from .attention_from_scratch import weights_not_mask
 
 
 def _window(T: int, k: int) -> np.ndarray:
@@ -28,9 +29,10 @@ def _mistakes(T: int) -> list[tuple[np.ndarray, str]]:
                          "t - 2 as well"),
         (_window(T, -3), "each row allows 4 keys (t - 3 .. t): off by one in k, the window stops "
                          "at t - 2"),
-        (_window(T, 2), "no query may attend to any key: np.triu(..., k=+2) keeps s >= t + 2, "
-                        "which the staircase has already removed. Mind the sign of k: the keys "
-                        "to keep lie *before* t, below the diagonal"),
+        (_window(T, 2), "no query may attend to any key (the mask is all False). np.triu with a "
+                        "positive k keeps only keys after the query, which the staircase has "
+                        "already removed: mind the sign of k; the keys to keep lie *before* t, "
+                        "below the diagonal"),
         (win.T, "the window is transposed: query t sees keys t, t + 1, t + 2, its future. "
                 "Rows are queries and columns keys: keep the staircase of causal_mask(T)"),
         (np.triu(ones, k=-2), "query 0 may see every later key: np.triu on a matrix of ones "
@@ -45,6 +47,8 @@ def _mistakes(T: int) -> list[tuple[np.ndarray, str]]:
                                                    "the two triangles were cut from a matrix of "
                                                    "ones, so query t sees its future; start from "
                                                    "the staircase"),
+        (np.eye(T, dtype=bool), "that is the diagonal alone: each query sees only its own key; "
+                                "the window keeps the two keys before it as well"),
         (~stair, "that is the causal mask inverted (~): True above the diagonal, the future keys "
                  "the staircase blocks"),
         (win & (rows >= 2), "queries 0 and 1 see no key at all: a slice [t - 2 : t + 1] starts at "
@@ -106,6 +110,9 @@ def check_window(my_window: Any, T: int = 6) -> str:
     if isinstance(my_window, str | bytes) or callable(my_window):
         not_yet(f"my_window must be a ({T}, {T}) boolean array, got {type(my_window).__name__} "
                 f"{my_window!r:.60}")
+    weights = weights_not_mask(my_window, "my_window", T)
+    if weights is not None:
+        not_yet(weights)
     mine, convention = read_mask(my_window, "my_window")  # bool, 0/1 or additive, as allowed
     want = _window(T, -2)  # (T, S): t - 2 <= s <= t
     if mine.shape != want.shape:

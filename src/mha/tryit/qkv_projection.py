@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import numpy as np
@@ -106,13 +107,21 @@ def _fallback(got: np.ndarray, qkv: np.ndarray) -> str:
     """What the unknown answer holds, in terms of qkv's columns, without writing the reshape."""
     d = qkv.shape[-1] // 3
     want = _q_of(qkv)  # (B, T, d_model)
+    said = relate(got, want, "my_q")
     if got.shape != want.shape:
-        return relate(got, want, "my_q")
+        for perm in itertools.permutations(range(got.ndim)):
+            if got.transpose(perm).shape == want.shape:
+                why = first_match(got.transpose(perm), _mistakes(qkv), atol=1e-12)
+                if why is not None:  # a listed slip with its axes in another order
+                    return (f"my_q has shape {got.shape}, its axes in another order than "
+                            f"(B, T, d_model); put back in order, {why}")
+        return said
+    if not said.startswith("my_q: "):  # reversed, shifted, a ratio ...: that says more
+        return said
     cols = _source_columns(got, qkv)
     if all(c is None for c in cols):
-        return relate(got, want, "my_q") + ("; and no column of it is a column of qkv: a "
-                                            "reshape and an index only pick numbers, they never "
-                                            "compute new ones")
+        return said + ("; and no column of it is a column of qkv: a reshape and an index only "
+                       "pick numbers, they never compute new ones")
     c = next((i for i, j in enumerate(cols) if j != i), 0)
     if cols[c] is None:
         return (f"column {c} of your q is no column of qkv for every token: the reshape mixed "
