@@ -69,6 +69,10 @@ CASES = [
                 "mha.planted": lambda: (planted.softmax_no_outer_product,),
                 "(S, S), S the number of keys": lambda: (eye_of_queries,),
                 "return J itself": lambda: (lambda g, w: jacobian(w),),
+                "outer product's sign": lambda: (lambda g, w: np.einsum(
+                    "...ij,...i->...j", jacobian(w) + 2 * w[..., :, None] * w[..., None, :], g),),
+                "without its identity": lambda: (lambda g, w: np.einsum(
+                    "...ij,...i->...j", w[..., :, None] - w[..., :, None] * w[..., None, :], g),),
                 "returned None": lambda: (lambda g, w: None if g.shape[-1] != w.shape[-1] or w.shape[-2] == 5
                                           else right_by_einsum(g, w),),
                 # unlisted wrong answers: named by how they relate to the right dscores

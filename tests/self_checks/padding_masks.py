@@ -81,6 +81,8 @@ CASES = [
                 "upper one": lambda: (built(lambda real, le, tri, keys, rows: keys & rows & tri.T),),
                 "key_padding_mask": lambda: (lambda lengths, T: ~by_hand(lengths, T),),
                 "True on padded keys": lambda: (built(lambda real, le, tri, keys, rows: ~keys & tri),),
+                "key term is inverted": lambda: (built(lambda real, le, tri, keys, rows: ~keys & rows & tri),),
+                "one position too many": lambda: (lambda lengths, T: by_hand(lengths, T + 1),),
                 "integers": lambda: (lambda lengths, T: by_hand(lengths, T).astype(int),),
                 "floats": lambda: (lambda lengths, T: by_hand(lengths, T).astype(np.float32),),
                 "0 and -inf swapped": lambda: (lambda lengths, T: np.where(by_hand(lengths, T), -np.inf, 0.0),),

@@ -67,6 +67,13 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
                                 "keeps only J's diagonal, w_i (1 - w_i), and drops every "
                                 "off-diagonal -w_i w_j. The outer product of one row is an (S, S) "
                                 "matrix, (B, h, T, S, S) for all rows"),
+            (w * (g + wg), "the outer product's sign: J = diag(w) + w w^T where the minus belongs "
+                           "(the off-diagonal entries of softmax's Jacobian are -w_i w_j)"),
+            (wg * (1 - w), "diag(w) without its identity: w_i stood in every column of row i's J, "
+                           "not only on the diagonal i = j, so each entry became (w . g)(1 - w_j). "
+                           "A diagonal matrix keeps w_i where i = j and 0 elsewhere"),
+            (w * (g - w), "w . g replaced by w itself: the term subtracted from g must be one "
+                          "number per row, the same for every key of the row"),
             (np.zeros_like(w), "0 everywhere: the einsum (or sum) paired dweights with the index "
                                "it kept, so it multiplied dweights by a row sum of J, and every row "
                                "and column of J sums to 0. Sum over the index J and dweights share, "

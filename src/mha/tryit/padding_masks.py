@@ -89,6 +89,9 @@ def _mistakes(lengths: Sequence[int], T: int) -> list[tuple[np.ndarray, str]]:
                       "a decoder's query t sees only the keys s at or before it"),
         (keys & rows & tri.T, "the triangle is the upper one: query t sees the keys s >= t, the "
                               "future, instead of those at or before it"),
+        (~keys & rows & tri, "the key term is inverted: True on the padded keys and False on the "
+                             "real ones, so every real query is left with nothing it may attend "
+                             "(under causal masking its padded keys all lie in its future)"),
         (~keys & tri, "True on padded keys: the key term marks the padding instead of the real "
                       "keys, and the query term is missing"),
         (np.broadcast_to(tri, keys.shape[:2] + tri.shape),
@@ -196,6 +199,9 @@ def _shape_says(value: np.ndarray, lengths: Sequence[int], T: int) -> str:
     if len(shape) == 4 and shape[:2] == (B, 1) and shape[2] == shape[3] == max(lengths) != T:
         return (f"shape {shape} for {_batch(lengths, T)}: the mask's size comes from the longest "
                 f"length, not from T; the batch is padded to T positions")
+    if len(shape) == 4 and shape[:2] == (B, 1) and shape[2] == shape[3] and abs(shape[2] - T) == 1:
+        return (f"shape {shape} for {_batch(lengths, T)}: one position {'too many' if shape[2] > T else 'too few'} "
+                f"along the queries and the keys; the batch has T positions, 0 .. T - 1")
     return relate(value.astype(bool) if value.dtype == np.bool_ else value, _want(lengths, T),
                   "your mask")
 
