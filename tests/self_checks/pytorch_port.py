@@ -89,6 +89,39 @@ def calls_np_mha(x_np):
     return NP_MHA(x_np, causal=True)
 
 
+def k_from_q_proj(x_np):
+    """An unlisted slip: k made with q_proj (a copy-paste line)."""
+    x = torch.from_numpy(x_np)  # (B, T, d_model)
+    B, T, _ = x.shape
+    h, d_k = PT_TWIN.n_heads, PT_TWIN.d_k
+    q, k, v = (lin(x).view(B, T, h, d_k).transpose(1, 2)
+               for lin in (PT_TWIN.q_proj, PT_TWIN.q_proj, PT_TWIN.v_proj))  # (B, h, T, d_k)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True)  # (B, h, T, d_k)
+    return PT_TWIN.out_proj(y.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, d_model)
+
+
+def with_dropout(x_np):
+    """An unlisted slip: SDPA's dropout left on."""
+    x = torch.from_numpy(x_np)  # (B, T, d_model)
+    B, T, _ = x.shape
+    h, d_k = PT_TWIN.n_heads, PT_TWIN.d_k
+    q, k, v = (lin(x).view(B, T, h, d_k).transpose(1, 2)
+               for lin in (PT_TWIN.q_proj, PT_TWIN.k_proj, PT_TWIN.v_proj))  # (B, h, T, d_k)
+    y = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)  # (B, h, T, d_k)
+    return PT_TWIN.out_proj(y.transpose(1, 2).reshape(B, T, h * d_k))  # (B, T, d_model)
+
+
+def with_residual(x_np):
+    """An unlisted slip: the residual connection added inside the attention module."""
+    return torch.from_numpy(x_np) + forward()(x_np)
+
+
+def float_mask(x_np):
+    """An unlisted slip: the causal mask handed to SDPA as a float 0/1 tensor."""
+    T = x_np.shape[1]
+    return forward(causal=False, mask=torch.ones(T, T, dtype=torch.float64).tril())(x_np)
+
+
 def doubled(x_np):
     """An unlisted slip: the output twice over (out_proj applied to merged + merged)."""
     return 2 * forward()(x_np)
@@ -155,7 +188,12 @@ CASES = [
                                                                NP_MHA),
                 "drops the output projection's bias": lambda: (forward(drop=("bo",)), NP_MHA),
                 "drops the bias of q_proj": lambda: (forward(drop=("bq",)), NP_MHA),
-                "exactly 2 times the right one": lambda: (doubled, NP_MHA)},
+                "exactly 2 times the right one": lambda: (doubled, NP_MHA),
+                "makes k with q_proj": lambda: (k_from_q_proj, NP_MHA),
+                "dropout_p > 0": lambda: (with_dropout, NP_MHA),
+                "a residual connection": lambda: (with_residual, NP_MHA),
+                "a float 0/1 tensor": lambda: (float_mask, NP_MHA),
+                "returned a list": lambda: (lambda x_np: [forward()(x_np)], NP_MHA)},
          garbage=[lambda: ("my_forward", NP_MHA), lambda: (np.zeros((2, 5, D_MODEL)), NP_MHA),
                   lambda: (lambda x_np: "out", NP_MHA),
                   lambda: (lambda x_np: [[1.0, 2.0], [3.0]], NP_MHA)]),
@@ -167,7 +205,7 @@ CASES = [
                       # the causal part may be written in too: the module adds it anyway
                       lambda: with_pad(RIGHT_PAD & np.tril(np.ones((T, T), dtype=bool)))],
          wrong={"nn.MultiheadAttention's convention": lambda: with_pad(~RIGHT_PAD),
-                "(B, T)": lambda: with_pad(np.array([[s < REAL for s in range(T)], [True] * T])),
+                "(B, T)": lambda: with_pad(np.array([[s < REAL for s in range(T)], [s > 0 for s in range(T)]])),
                 "True on the padding, torch's key_padding_mask":
                     lambda: with_pad(np.array([[s >= REAL for s in range(T)], [False] * T])),
                 "whole batch": lambda: with_pad(np.tril(np.ones((T, T), dtype=bool))),
@@ -201,6 +239,12 @@ CASES = [
                 # not in the old table
                 "blocks every key of item 1": lambda: with_pad(pad_of(lambda b, t, s: b == 0 and s < REAL)),
                 "with the mask inverted": lambda: (RIGHT_PAD, padded_output(~RIGHT_PAD), PT_MHA, X),
+                "left padding": lambda: with_pad(pad_of(lambda b, t, s: b == 1 or s >= T - REAL)),
+                "your flags mark the right tokens": lambda: with_pad(
+                    np.array([[s < REAL for s in range(T)], [True] * T])),
+                "0 on item 0's padding queries": lambda: (
+                    RIGHT_PAD, padded_output(RIGHT_PAD) * torch.tensor(
+                        [[1.0] * REAL + [0.0] * (T - REAL), [1.0] * T])[:, :, None], PT_MHA, X),
                 "every entry of out_padded is": lambda: (RIGHT_PAD, padded_output(RIGHT_PAD) * 2,
                                                           PT_MHA, X)},
          garbage=[lambda: ("pad", None, PT_MHA, X), lambda: ([[True, False], [True]], None, PT_MHA, X),

@@ -102,7 +102,9 @@ CASES = [
                 "exactly 1/2 of the right one": lambda: (lambda v: NO_MASK(v) / 2, CAUSAL, V),
                 "over the queries": lambda: (NO_MASK, normalised_over_queries, V),
                 "0 of 8 entries are right": lambda: (median, CAUSAL, V),
-                "+1 away from the right one": lambda: (lambda v: NO_MASK(v) + 1, CAUSAL, V)},
+                "+1 away from the right one": lambda: (lambda v: NO_MASK(v) + 1, CAUSAL, V),
+                "on v_try of shape": lambda: (NO_MASK, lambda v: running_sum(v) / np.arange(
+                    1, v.shape[2] + 1), V)},  # (T,) divides the last axis, d_k: shapes clash
          garbage=[lambda: ("v_try.mean()", CAUSAL, V), lambda: (NO_MASK, lambda v: [[1.0, 2.0], [3.0]], V),
                   lambda: (NO_MASK, lambda v: np.zeros((1, 1, 4, 3)), V),
                   lambda: (lambda v: v > 0, CAUSAL, V), lambda: (NO_MASK, "running mean", V)],

@@ -114,8 +114,12 @@ def _run(answer: Callable, x: np.ndarray) -> Any:
 
 
 def _variant(module, x: np.ndarray, causal: bool, scale: float | None = None, heads: int | None = None,
-             drop: tuple[str, ...] = ()) -> np.ndarray:
-    """The module's forward in numpy with one slip: another scale, another head count, biases dropped."""
+             drop: tuple[str, ...] = (), layers: str = "qkv", w_t: bool = False,
+             masked: str = "-inf", split_dh: bool = False, out: str = "once") -> np.ndarray:
+    """The module's forward in numpy with one slip: another scale or head count, biases dropped,
+    q, k, v made by the layers `layers` (e.g. "qqv": k from q_proj) or with W.T (`w_t`), masked
+    scores set to 0 or a 0/1 mask added (`masked` "0" / "add01"), heads split as (d_k, h)
+    (`split_dh`), out_proj applied twice or x added back (`out` "twice" / "residual")."""
     B, T, d = x.shape
     h = heads or module.n_heads
     d_k = d // h
@@ -123,16 +127,25 @@ def _variant(module, x: np.ndarray, causal: bool, scale: float | None = None, he
          for n in ("bq", "bk", "bv", "bo")}
 
     def split(a):  # (B, T, d) -> (B, h, T, d_k)
+        if split_dh:
+            return a.reshape(B, T, d_k, h).transpose(0, 3, 1, 2)  # (B, T, d_k, h) -> (B, h, T, d_k)
         return a.reshape(B, T, h, d_k).transpose(0, 2, 1, 3)
 
-    q, k, v = (split(x @ getattr(module, f"W{n}") + b[f"b{n}"]) for n in "qkv")  # (B, h, T, d_k)
+    def weight(n: str) -> np.ndarray:
+        W = getattr(module, f"W{n}")  # (d_model in, d_model out)
+        return W.T if w_t else W
+
+    q, k, v = (split(x @ weight(n) + b[f"b{n}"]) for n in layers)  # (B, h, T, d_k)
     scores = q @ k.transpose(0, 1, 3, 2) * (1 / math.sqrt(d_k) if scale is None else scale)  # (B, h, T, T)
+    tril = np.tril(np.ones((T, T), dtype=bool))  # (T, S)
     if causal:
-        scores = np.where(np.tril(np.ones((T, T), dtype=bool)), scores, -np.inf)
+        scores = {"-inf": np.where(tril, scores, -np.inf), "0": np.where(tril, scores, 0.0),
+                  "add01": scores + tril}[masked]
     w = np.exp(scores - scores.max(axis=-1, keepdims=True))
     w = w / w.sum(axis=-1, keepdims=True)  # (B, h, T, T)
     merged = (w @ v).transpose(0, 2, 1, 3).reshape(B, T, d)  # (B, h, T, d_k) -> (B, T, d_model)
-    return merged @ module.Wo + b["bo"]
+    y = merged @ module.Wo + b["bo"]  # (B, T, d_model)
+    return {"once": y, "twice": y @ module.Wo + b["bo"], "residual": x + y}[out]
 
 
 def _without_out_proj(module):
@@ -175,6 +188,31 @@ def _own_mistakes(module, x: np.ndarray, causal: bool) -> list[tuple[np.ndarray,
             found.append((_variant(module, x, causal, drop=(f"b{n}",)),
                           f"forward drops the bias of {n}_proj: call pt_mha.{n}_proj(x) rather than "
                           f"multiplying by its weight alone"))
+        found += [
+            (_variant(module, x, causal, w_t=True),
+             "q, k and v are x @ weight + bias: nn.Linear stores weight as (out, in) and computes "
+             "x @ weight.T + bias; call pt_mha.q_proj(x) (and k_proj, v_proj)"),
+            (_variant(module, x, causal, masked="0"),
+             "the masked scores are set to 0, not -inf: exp(0) = 1 still gives the future keys "
+             "weight; with is_causal=True SDPA masks them properly"),
+            (_variant(module, x, causal, masked="add01"),
+             "the causal mask went in as a float 0/1 tensor: SDPA adds a float attn_mask to the "
+             "scores, so 1 and 0 shift them and block nothing. Use is_causal=True (or a bool "
+             "mask, True = may attend)"),
+            (_variant(module, x, causal, split_dh=True),
+             "the heads are split as .view(B, T, d_k, h): each head must own d_k consecutive "
+             "features, .view(B, T, h, d_k).transpose(1, 2)"),
+            (_variant(module, x, causal, out="twice"),
+             "out_proj is applied twice: once, to the merged heads"),
+            (_variant(module, x, causal, out="residual"),
+             "forward adds x back (a residual connection): the attention module returns "
+             "out_proj(merged) alone; the residual belongs to the transformer block around it"),
+        ]
+        for layers in ("qqv", "qkk", "qkq", "kqv", "vkq", "qvk", "kkv"):
+            wrong = [f"{n} with {m}_proj" for n, m in zip("qkv", layers, strict=True) if n != m]
+            found.append((_variant(module, x, causal, layers=layers),
+                          f"forward makes {' and '.join(wrong)}: each of q, k, v has its own "
+                          f"layer (q_proj, k_proj, v_proj)"))
     return found
 
 
@@ -213,6 +251,8 @@ def check_forward(answer: Any, module, causal: bool = True) -> str:
     got = _run(answer, x)  # (B, T, d_model) wanted
     if got is None:
         not_yet("forward returned None: did you forget the `return`?")
+    if isinstance(got, list):
+        not_yet(f"forward returned a list of {len(got)} item(s): return the output tensor itself")
     if isinstance(got, tuple):
         not_yet(f"forward returned a tuple of {len(got)} items (nn.MultiheadAttention returns "
                 f"(output, weights)); SDPA returns one tensor: return the output alone")
@@ -224,6 +264,11 @@ def check_forward(answer: Any, module, causal: bool = True) -> str:
                 f"(B, T, d_model) = {x.shape} and apply out_proj")
     if out.shape != x.shape:
         not_yet(f"forward should return shape {x.shape} (B, T, d_model), got {out.shape}")
+    again = as_array(_numpy(_run(answer, x)), "forward's output")
+    if again.shape == out.shape and not _same(again, out):
+        not_yet("forward gives a different output each time it runs on the same x: something "
+                "random is left on (dropout_p > 0 in SDPA, or a layer in training mode with "
+                "dropout); attention at inference is deterministic")
     with _math_kernel():
         verdict = diagnose.forward(answer, module, causal=causal)
     if verdict.ok:
@@ -251,6 +296,13 @@ def _keys(B: int, T: int, real: dict[int, int]) -> np.ndarray:
     return m
 
 
+def _left(B: int, T: int, n: int) -> np.ndarray:
+    """(B, T, T): item 0 keeps its last n keys (its padding at the start), item 1 all."""
+    m = np.ones((B, T, T), dtype=bool)
+    m[0] = np.arange(T) >= T - n  # (S,) broadcast over the queries
+    return m
+
+
 def _pad_mistakes(B: int, T: int, n: int) -> list[tuple[np.ndarray, str]]:
     """(a pad a student writes, what is wrong with it) for the typical mistakes."""
     want = _keys(B, T, {0: n})
@@ -274,6 +326,9 @@ def _pad_mistakes(B: int, T: int, n: int) -> list[tuple[np.ndarray, str]]:
                                          "padding keys must be False"),
         (_keys(B, T, {0: n, 1: 0}), "pad blocks every key of item 1: item 1 has no padding, so "
                                     "pad[1] must allow every key"),
+        (_left(B, T, n),
+         f"pad keeps the last {n} keys of item 0 and blocks the first: that is left "
+         f"padding; here item 0's real tokens come first (0..{n - 1}) and the padding at the end"),
         (_keys(B, T, {0: T - n}), f"pad keeps the first {T - n} keys of item 0, the number of "
                                   f"padding tokens: item 0 has {n} real tokens, 0..{n - 1}"),
     ]
@@ -287,13 +342,19 @@ def _read_pad(pad: Any, B: int, T: int, n: int) -> tuple[np.ndarray, str]:
         real = np.arange(T) < n
         marks = (" Your flags are True on the padding, torch's key_padding_mask convention "
                  "(True = blocked); here True = may attend."
-                 if np.array_equal(flags[0], ~real) else "")
+                 if np.array_equal(flags, ~(real | (np.arange(B) > 0)[:, None])) else
+                 " Your flags mark the right tokens; only the shape is not what pt_mha takes."
+                 if np.array_equal(flags, real | (np.arange(B) > 0)[:, None]) else "")
         not_yet(f"pad has shape (B, T) = {arr.shape}, one flag per token: the form of "
                 f"nn.MultiheadAttention's key_padding_mask. pt_mha takes one (T, S) mask per "
                 f"item, (B, T, T): each query of item b gets item b's row of key flags.{marks}")
     if arr.shape == (T, T):
         not_yet(f"pad has shape (T, T) = {arr.shape}, one mask for the whole batch: item 0 is "
                 f"padded and item 1 is not, so each item needs its own, (B, T, T)")
+    if arr.shape in ((B, 1, 1, T), (B, 1, T)):
+        not_yet(f"pad has shape {arr.shape}: that broadcasts over the queries in SDPA itself, but "
+                f"pt_mha takes (T, S), (B, T, S) or (B, 1, T, S) masks: give every query its row, "
+                f"(B, T, T), e.g. with .expand")
     if arr.shape == (B, 1, T, T):
         arr = arr[:, 0]  # (B, 1, T, S) broadcasts over the heads like (B, T, S)
     return read_mask(arr, "pad", shape=(B, T, T))
@@ -340,6 +401,13 @@ def _judge_pad(pad: Any, B: int, T: int, n: int) -> str:
             f"1 has none")
 
 
+def _zero_pad_rows(out: np.ndarray, n: int) -> np.ndarray:
+    """out (B, T, d_model) with item 0's padding queries n.. set to 0."""
+    zeroed = out.copy()
+    zeroed[0, n:] = 0.0
+    return zeroed
+
+
 def _module_out(module, x, mask: np.ndarray | None, causal: bool = True) -> np.ndarray:
     """module(x, causal, mask) as numpy, without gradients."""
     import torch  # only when a torch module is checked
@@ -378,7 +446,11 @@ def _judge_out(out_padded: Any, pad: Any, module, x, n: int) -> str:
                    "out_padded is the output without the mask: pass mask=pad"),
                   (_module_out(module, x, ~right_pad),
                    "out_padded was run with the mask inverted (True on the pads): pt_mha reads True "
-                   "= may attend")]
+                   "= may attend"),
+                  (_zero_pad_rows(want, n),
+                   "out_padded is 0 on item 0's padding queries: the module still gives those "
+                   "queries an output (they attend to the real keys); keep the module's output "
+                   "as it is")]
     if mask is not None and not np.array_equal(mask, right_pad):
         theirs = _module_out(module, x, mask)
         if np.allclose(got, theirs, rtol=0.0, atol=atol):

@@ -133,7 +133,7 @@ def _judge(name: str, got: Any, v: np.ndarray, causal: bool) -> str | None:
     return relate(got, want, f"{name}'s output", factors={f"T = {T}": T})
 
 
-def _run(fn: Callable, name: str, v: np.ndarray) -> Any:
+def _run(fn: Callable, name: str, v: np.ndarray, second: bool) -> Any:
     """fn(v) under the grading guard; the student's own error becomes NotYet naming its line."""
     try:
         return guarded(fn, v.copy(), rule=RULE)
@@ -141,9 +141,10 @@ def _run(fn: Callable, name: str, v: np.ndarray) -> Any:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
         where = _where_in_students_code(err.__traceback__)
+        hint = (f", on a v of shape {v.shape} (it runs on v_try): read T and the shape from v, "
+                f"not from v_try" if second else f", on v_try of shape {v.shape}")
         not_yet(f"{name}(v) raised {type(err).__name__}: {str(err)[:200]}"
-                f"{f' ({where})' if where else ''}, on a v of shape {v.shape}: read T and the "
-                f"shape from v, not from v_try")
+                f"{f' ({where})' if where else ''}{hint}")
 
 
 def _part(name: str, answer: Any, v: np.ndarray, causal: bool) -> str:
@@ -159,7 +160,7 @@ def _part(name: str, answer: Any, v: np.ndarray, causal: bool) -> str:
                 f"uses numpy only, not steps")
     first = None
     for k, x in enumerate((v, second_v())):
-        out = _run(answer, name, x)
+        out = _run(answer, name, x, second=k == 1)
         if out is None:
             not_yet(f"{name}(v) returned None: did you forget the `return`?")
         said = _judge(name, out, x, causal)
