@@ -315,9 +315,24 @@ def describe_number(got: float, want: float, name: str = "your answer",
         if want == 0:
             said.append(f"{name} should be zero")
         else:
-            said.append(f"{name} is {_ratio_words(got / want)} the right value "
-                        f"({'too big' if abs(got) > abs(want) else 'too small'})")
+            said.append(f"{name} is {_bracket(got / want)} the right value")
     return said[0]
+
+
+def _bracket(r: float) -> str:
+    """A whole ratio exactly ('exactly 3 times'); any other only by the powers of 2 around it
+    ('between 1/2 and 1 times'), so dividing it out cannot recover the answer."""
+    words = _ratio_words(r)
+    if words.startswith("exactly"):
+        return words
+    if r < 0:
+        return "of the opposite sign to"
+    lo = 2.0 ** math.floor(math.log2(r))
+
+    def frac(x: float) -> str:
+        return f"{x:g}" if x >= 1 else f"1/{1 / x:g}"
+
+    return f"between {frac(lo)} and {frac(2 * lo)} times"
 
 
 def _index(ix: tuple[int, ...]) -> str:
