@@ -73,7 +73,8 @@ CASES = [
              lambda: (lambda v: torch.from_numpy(v).mean(2, keepdim=True).expand(v.shape),
                       lambda v: (np.tril(np.ones((v.shape[2],) * 2))
                                  / np.arange(1, v.shape[2] + 1)[:, None]) @ v, V),
-             lambda: (NO_MASK, CAUSAL, None)],  # v defaults to the lesson's v_try
+             lambda: (NO_MASK, CAUSAL, None),  # v defaults to the lesson's v_try
+             lambda: (lambda v: NO_MASK(v).astype(np.float32), lambda v: CAUSAL(v).tolist(), V)],
          wrong={"its own value row v_t: that is a weight of 1": lambda: (lambda v: v, CAUSAL, V),
                 "averaged over d_k": lambda: (lambda v: np.broadcast_to(v.mean(-1, keepdims=True),
                                                                         v.shape), CAUSAL, V),
@@ -103,6 +104,10 @@ CASES = [
                 "over the queries": lambda: (NO_MASK, normalised_over_queries, V),
                 "0 of 8 entries are right": lambda: (median, CAUSAL, V),
                 "+1 away from the right one": lambda: (lambda v: NO_MASK(v) + 1, CAUSAL, V),
+                "every number of v": lambda: (lambda v: np.full(v.shape, v.mean()), CAUSAL, V),
+                "a running mean of v in reverse": lambda: (NO_MASK, lambda v: CAUSAL(v[:, :, ::-1]), V),
+                "(and its shape (1, 1, 4, 1)": lambda: (lambda v: v.mean(axis=3, keepdims=True),
+                                                        CAUSAL, V),
                 "on v_try of shape": lambda: (NO_MASK, lambda v: running_sum(v) / np.arange(
                     1, v.shape[2] + 1), V)},  # (T,) divides the last axis, d_k: shapes clash
          garbage=[lambda: ("v_try.mean()", CAUSAL, V), lambda: (NO_MASK, lambda v: [[1.0, 2.0], [3.0]], V),

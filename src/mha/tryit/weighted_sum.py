@@ -63,7 +63,10 @@ def _mistakes(v: np.ndarray, causal: bool) -> list[tuple[np.ndarray, str]]:
     by_features = np.broadcast_to(v.mean(axis=-1, keepdims=True), v.shape)
     shared = [(by_features, "you averaged over d_k (the last axis, the features of one value "
                             "row): the weights mix value rows, so the mean runs over the keys, "
-                            "axis 2")]
+                            "axis 2"),
+              (np.broadcast_to(v.mean(axis=(2, 3), keepdims=True), v.shape),
+               "you averaged every number of v, over the keys and the features together: the "
+               "weights mix value rows, so the mean runs over the keys (axis 2) only")]
     if not causal:
         return shared + [
             (v, "each output is its own value row v_t: that is a weight of 1 on the query's own "
@@ -97,6 +100,9 @@ def _mistakes(v: np.ndarray, causal: bool) -> list[tuple[np.ndarray, str]]:
         ((np.tril(np.ones((T, T))) / np.arange(T, 0, -1)) @ v,  # (T, S) @ (B, h, S, d_k)
          "your weights sum to 1 down each column (over the queries), not along each row: "
          "normalise each query's row, over the keys it may see"),
+        (_means(v, lambda t: slice(T - 1 - t, T)), "row t averages the last t + 1 keys (a "
+                                                   "running mean of v in reverse): the causal "
+                                                   "mask keeps the first keys, 0..t"),
         (np.flip(_want(v, True), axis=2), "the running means in reverse order: row t must be "
                                           "the mean of keys 0..t, the first row v_0 alone"),
         (np.cumsum(v, axis=-1) / np.arange(1, v.shape[3] + 1), "a running mean over d_k (the "
@@ -111,22 +117,30 @@ def _judge(name: str, got: Any, v: np.ndarray, causal: bool) -> str | None:
     if isinstance(got, str | bytes):
         return f"{name} gave text {got!r:.40}, not an array of shape {want.shape}"
     got = as_array(got.detach() if hasattr(got, "detach") else got, f"{name}'s output")
+    atol = ATOL if got.dtype == np.float64 else 1e-5 * max(1.0, float(np.abs(want).max()))
     got = got.astype(np.float64)
     if got.shape != want.shape:
         mean = v.mean(axis=2)  # (B, h, d_k): the no-mask output of every query
         if not causal and got.size == mean.size and got.shape[-1] == mean.shape[-1] \
-                and np.allclose(got.reshape(-1), mean.reshape(-1), rtol=0, atol=ATOL):
+                and np.allclose(got.reshape(-1), mean.reshape(-1), rtol=0, atol=atol):
             return (f"the right mean, but one row of shape {got.shape} for all queries: "
                     f"broadcast it to v's shape {want.shape}, one output per query")
-        return relate(got, want, f"{name}'s output")
-    if np.allclose(got, want, rtol=0, atol=ATOL):
+        try:
+            spread = np.broadcast_to(got, want.shape)  # a shape that broadcasts: judge its values
+        except ValueError:
+            return relate(got, want, f"{name}'s output")
+        why = _judge(name, spread, v, causal)
+        return (f"{why} (and its shape {got.shape} is not v's {want.shape})" if why else
+                f"the right values, but of shape {got.shape}: broadcast them to v's shape "
+                f"{want.shape}, one output per query")
+    if np.allclose(got, want, rtol=0, atol=atol):
         return None
     if not np.isfinite(got).all():
         row = int(np.argwhere(~np.isfinite(got))[0][2])
         count = ("count the keys 0..t query t sees under the causal mask (from 1, not 0)" if causal
                  else f"every query sees all {v.shape[2]} keys")
         return f"row {row} is inf or NaN: a division by zero? {count}"
-    why = first_match(got, _mistakes(v, causal), atol=ATOL)
+    why = first_match(got, _mistakes(v, causal), atol=atol)
     if why is not None:
         return why
     T = v.shape[2]
