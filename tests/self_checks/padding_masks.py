@@ -80,6 +80,7 @@ CASES = [
                 "causal triangle is missing": lambda: (built(lambda real, le, tri, keys, rows: keys & rows),),
                 "upper one": lambda: (built(lambda real, le, tri, keys, rows: keys & rows & tri.T),),
                 "key_padding_mask": lambda: (lambda lengths, T: ~by_hand(lengths, T),),
+                "mask == 0 gives": lambda: (lambda lengths, T: (~by_hand(lengths, T)).astype(np.int64),),
                 "True on padded keys": lambda: (built(lambda real, le, tri, keys, rows: ~keys & tri),),
                 "key term is inverted": lambda: (built(lambda real, le, tri, keys, rows: ~keys & rows & tri),),
                 "one position too many": lambda: (lambda lengths, T: by_hand(lengths, T + 1),),

@@ -132,7 +132,11 @@ def _judge_pattern(allowed: np.ndarray, convention: str, answer: np.ndarray,
     want = _want(lengths, T)
     named = first_match(allowed, _mistakes(lengths, T))
     if named is None:
-        if np.array_equal(allowed, ~want):
+        if np.array_equal(allowed, ~want) and convention == "0/1":  # ~ on integers is no negation
+            named = ("your mask is inverted: 1 where attention is blocked and 0 where it is allowed, "
+                     "the convention of torch's key_padding_mask (True = ignore); here True means "
+                     "may attend, and mask == 0 gives those booleans")
+        elif np.array_equal(allowed, ~want):
             named = mask_verdict(answer, want, "your mask") or ""
         else:
             structure = relate(allowed, want, "your mask")
