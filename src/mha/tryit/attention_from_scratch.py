@@ -90,9 +90,10 @@ def _first_wrong_row(got: np.ndarray, want: np.ndarray) -> str:
 def weights_not_mask(answer: Any, name: str, T: int) -> str | None:
     """A message if the answer is a (T, T) matrix of attention weights (rows summing to 1)."""
     try:
-        value = np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer,
-                           dtype=np.float64)  # (T, T) if it is weights
-    except Exception:  # noqa: BLE001 - not numbers at all: read_mask says what arrived
+        value = np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer)
+    except Exception:  # noqa: BLE001 - ragged lists: read_mask says what arrived
+        return None
+    if value.dtype.kind not in "iuf":  # booleans are a mask; text, complex: read_mask says
         return None
     if value.shape != (T, T) or np.isin(value, (0.0, 1.0)).all() or (value < 0).any():
         return None
