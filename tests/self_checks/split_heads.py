@@ -29,7 +29,7 @@ CASES = [
                 "always matters": lambda: (lambda B, T, d_model, h: False,),
                 "shapes with one head": lambda: (lambda B, T, d_model, h: h == 1,),
                 "shapes with one token": lambda: (lambda B, T, d_model, h: T == 1,),
-                "and instead of or": lambda: (lambda B, T, d_model, h: T == 1 and h == 1,),
+                "one token and one head at once": lambda: (lambda B, T, d_model, h: T == 1 and h == 1,),
                 "depends on B": lambda: (lambda B, T, d_model, h: B == 1,),
                 "depends on d_k": lambda: (lambda B, T, d_model, h: d_model // h == 1,),
                 "equal length": lambda: (lambda B, T, d_model, h: T == h,),

@@ -33,8 +33,8 @@ MISTAKES: tuple[tuple[Callable[[int, int, int, int], bool], str], ...] = (
      "your rule covers the shapes with one token but not all the exact ones: look at the h of "
      "the shapes it gets wrong; what does swapping the h and T axes do when h has length 1?"),
     (lambda B, T, d_model, h: T == 1 and h == 1,
-     "your rule asks for one token and one head at once: either alone already makes the "
-     "swap of the h and T axes a no-op (and instead of or)."),
+     "your rule asks for one token and one head at once: does swapping the h and T axes "
+     "need both of them to have length 1 before it reorders nothing?"),
     (lambda B, T, d_model, h: B == 1,
      "your rule depends on B, but B is an outer axis the skipped transpose never touches: "
      "each sequence is merged on its own."),
