@@ -32,7 +32,7 @@ CASES = [
                 # not in the old table: each used to get one fixed hint
                 "1 of 2 parts right": lambda: ((27, 8),),  # skipped off by one, partial right
                 "partial count is off by 2": lambda: ((20, 10),),
-                "skipped count is too low": lambda: ((10, 3),),
+                "skipped count is between 1/4 and 1/2 times": lambda: ((10, 3),),
                 "below the diagonal counted as skipped too": lambda: ((56, 8),),
                 "tiles next to the diagonal": lambda: ((28, 15),),
                 "7 x 7 grid": lambda: ((21, 7),),  # 64 / 8 read as 7 blocks

@@ -135,14 +135,12 @@ _HOW = {"skipped": "the skipped tiles lie wholly right of the staircase, strictl
 def _one_count(got: float, want: int, name: str, n: int) -> str:
     """A part's verdict: right, or how this count relates to the right one.
 
-    A whole ratio (2, n) or an off-by-one is said; any other ratio is not printed, since with
-    counts this small it would give the right one away: only too many or too few, and how to count.
+    A whole ratio (2, n) or an off-by-one is said; any other ratio only by the powers of 2
+    around it (describe_number), which cannot give the count away; then how to count.
     """
     if got == want:
         return right(f"your {name} count")
     said = describe_number(got, want, f"the {name} count", {f"n = {n} (blocks a side)": n})
-    if said.endswith(("(too big)", "(too small)")) and "exactly" not in said:
-        said = f"the {name} count is too {'high' if got > want else 'low'}"
     not_yet(f"{said}; {_HOW[name]}")
 
 

@@ -120,12 +120,12 @@ FACTORS = {"2 (K and V)": 2, "8 (bits per byte)": 8}
 
 
 def _describe(got: float, want: float, name: str, factors: dict[str, float]) -> str:
-    """How an unlisted number relates to the right one; a ratio that is not a whole one is
-    not printed (with the student's number it would give the right one away)."""
+    """How an unlisted number relates to the right one (describe_number: a whole ratio named, any
+    other only by the powers of 2 around it), and what to count where no factor fits."""
     said = describe_number(got, want, name, factors)
-    if said.endswith(("(too big)", "(too small)")) and "exactly" not in said:
-        said = (f"{name} is too {'big' if got > want else 'small'}, by no clean factor: count K and "
-                f"V, B * h * max_len * d_k numbers each, and the bytes of each number")
+    if "between" in said:  # no whole ratio: only the powers of 2 around it are said
+        said += (", by no clean factor: count K and V, B * h * max_len * d_k numbers each, and the "
+                 "bytes of each number")
     return said
 
 
