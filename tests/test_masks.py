@@ -484,13 +484,21 @@ def test_with_causal_right_padding_the_key_side_is_redundant(name):
 
 
 def test_the_try_it_check_agrees_the_key_term_is_redundant_under_causal():
-    """14's Try it: dropping the key term, or writing it with <=, is the same array, so 'right'."""
-    lengths, n = np.array([5, 3, 1]), 5
-    s = np.arange(n)
-    real, le, tri = s < lengths[:, None], s <= lengths[:, None], s[None, :] <= s[:, None]
-    for same in (real[:, None, :, None] & tri, le[:, None, None, :] & real[:, None, :, None] & tri):
-        assert check_decoder_mask(same).startswith("right")
-        assert "right" in masks.check_padding(same, lengths, causal=True)
+    """14's Try it: dropping the key term, or writing it with <=, is the same mask, so 'right'."""
+
+    def student(key_term: str):
+        def my_decoder_mask(lengths, T):
+            s = np.arange(T)
+            real, le, tri = s < lengths[:, None], s <= lengths[:, None], s[None, :] <= s[:, None]
+            if key_term == "none":
+                return real[:, None, :, None] & tri
+            return le[:, None, None, :] & real[:, None, :, None] & tri
+        return my_decoder_mask
+
+    lengths = np.array([5, 3, 1])
+    for fn in (student("none"), student("<=")):
+        assert check_decoder_mask(fn).startswith("right")
+        assert "right" in masks.check_padding(fn(lengths, 5), lengths, causal=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)

@@ -60,6 +60,7 @@ def test_relate_names_a_constant_ratio_by_its_factor(shape, seed, k):
     w = _distinct(shape, seed)
     said = relate(w * k, w, factors={"W (the ranks)": 4, "2 (K and V)": 2, "the itemsize": 8})
     assert "times" in said or "1/" in said, said
+    assert "off by" not in said and "away" not in said, said
     if k == 4:
         assert "W (the ranks)" in said
     if k == 8:  # 2 * 4 and the itemsize both fit 8: both are named
@@ -147,6 +148,7 @@ def test_masks_are_read_in_every_convention():
     assert mask_verdict(allowed.astype(int), allowed) is None
     assert "key_padding_mask" in mask_verdict(~allowed, allowed)
     assert "~mask" in mask_verdict(torch.tensor(~allowed), allowed)
+    assert "mask == 0" in mask_verdict((~allowed).astype(int), allowed)
     assert "swapped" in mask_verdict(np.where(allowed, -np.inf, 0.0), allowed)
     assert "mask == 0" in mask_verdict(additive, allowed, accept=("bool",))
     assert read_mask(additive)[1] == "additive"

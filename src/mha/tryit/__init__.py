@@ -319,6 +319,18 @@ def describe_number(got: float, want: float, name: str = "your answer",
     return said[0]
 
 
+def _ratio_story(r: float, name: str, factors: dict[str, float] | None) -> str:
+    """'every entry is exactly 2 times the right one: a factor 2 (K and V) too big' for a ratio."""
+    fits = [words for value, words in _factor_table(factors)
+            if math.isclose(r, value, rel_tol=1e-9)]
+    named = ": " + "; or ".join(dict.fromkeys(fits)) if fits else ""
+    if len(set(fits)) > 1:
+        named += " (two slips give this value)"
+    if math.isclose(r, -1.0, rel_tol=1e-9):
+        return f"{name} has the right size but the wrong sign"
+    return f"{name} is {_bracket(r)} the right one{named}"
+
+
 def _bracket(r: float) -> str:
     """A whole ratio exactly ('exactly 3 times'); any other only by the powers of 2 around it
     ('between 1/2 and 1 times'), so dividing it out cannot recover the answer."""
@@ -469,8 +481,7 @@ def relate(got: Any, want: Any, name: str = "your answer",
         ratios = g[nonzero] / w[nonzero]
         r = float(np.median(ratios))
         if r != 0 and np.allclose(ratios, r, rtol=max(rtol, 1e-9), atol=0):
-            return describe_number(r, 1.0, f"every entry of {name}", factors) \
-                .replace("the right value", "the right one")
+            return _ratio_story(r, f"every entry of {name}", factors)
     d = g - w
     if np.allclose(d, d.flat[0], rtol=0, atol=max(atol, rtol * float(np.abs(w).max()))):
         c = float(d.flat[0])
@@ -555,8 +566,11 @@ def mask_verdict(answer: Any, want_allowed: Any, name: str = "the mask",
         if convention == "additive":
             return (f"{name} has 0 and -inf swapped: an additive mask adds 0 where attention is "
                     f"allowed and -inf where it is blocked")
-        ones = "True (1)" if convention == "0/1" else "True"
-        return (f"{name} is inverted: {ones} where attention is blocked, the convention of torch's "
+        if convention == "0/1":
+            return (f"{name} is inverted: 1 where attention is blocked; here 1 (True) means may "
+                    f"attend, so flip it with mask == 0 (not ~mask: on integers ~ is a bitwise "
+                    f"not, giving -1 and -2; and not .astype(bool), which keeps it inverted)")
+        return (f"{name} is inverted: True where attention is blocked, the convention of torch's "
                 f"key_padding_mask and of nn.MultiheadAttention's boolean attn_mask; here (as in "
                 f"SDPA's boolean attn_mask) True means may attend, so negate it with ~mask "
                 f"(not .astype(bool), which keeps it inverted)")
