@@ -230,7 +230,7 @@ CASES = [
                 "an additive float mask": lambda: with_pad(np.where(RIGHT_PAD, 0.0, -np.inf)),
                 "0 and -inf swapped": lambda: with_pad(np.where(RIGHT_PAD, -np.inf, 0.0)),
                 "integer 0/1 numbers": lambda: with_pad(RIGHT_PAD.astype(np.int64)),
-                "1 on the pads": lambda: with_pad((~RIGHT_PAD).astype(np.int64)),
+                "(not ~pad, which on integers": lambda: with_pad((~RIGHT_PAD).astype(np.int64)),
                 # both parts judged: a wrong pad with out_padded computed from it
                 "right once pad is": lambda: with_pad(pad_of(
                     lambda b, t, s: (b == 1 and s != 0) or (b == 0 and s < REAL))),

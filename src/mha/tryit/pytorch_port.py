@@ -387,9 +387,14 @@ def _judge_pad(pad: Any, B: int, T: int, n: int) -> str:
             not_yet("pad has 0 and -inf swapped: an additive mask adds 0 where a key may be read "
                     "and -inf where it is blocked, so yours blocks the real tokens and lets the "
                     "padding through")
-        not_yet(f"pad is {'1' if convention == '0/1' else 'True'} on the pads: that is torch's "
-                f"key_padding_mask and nn.MultiheadAttention's convention (True = masked out). "
-                f"SDPA and pt_mha read True = may attend, so negate it with ~pad")
+        if convention == "0/1":
+            not_yet("pad is 1 on the pads and 0 on the real tokens: that is torch's "
+                    "key_padding_mask and nn.MultiheadAttention's convention (True = masked out). "
+                    "SDPA and pt_mha read True = may attend: `pad == 0` gives that boolean mask "
+                    "(not ~pad, which on integers is a bitwise not: -1 and -2)")
+        not_yet("pad is True on the pads: that is torch's key_padding_mask and "
+                "nn.MultiheadAttention's convention (True = masked out). SDPA and pt_mha read "
+                "True = may attend, so negate it with ~pad")
     mistakes = _pad_mistakes(B, T, n)
     found = all_matches(mask, mistakes) or all_matches(
         mask & causal, [(wrong & causal, why) for wrong, why in mistakes])
