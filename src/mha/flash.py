@@ -4,7 +4,8 @@ FlashAttention (Dao et al. 2022) computes exact attention block by block: for ea
 queries it streams over blocks of keys and values, keeps a running row max `m`, a running
 sum `ell` (the paper's l) of exp(score - m) and an unnormalised output `acc`, rescales both
 when the max grows, and divides once at the end. FlashAttention-2 (Dao 2023) puts the query
-blocks in the outer loop, as here, and keeps the row logsumexp m + log(ell) for the
+blocks in the outer loop, as here, and keeps the row logsumexp L = m + log(ell) (`lse`;
+the symbols m, ell, L are the lessons' from 12_flash_attention.ipynb on) for the
 backward pass (`flash_attention_backward`: key blocks outside, P recomputed tile by tile from
 the logsumexp). Memory is O(block_q * block_k) per step instead of O(T * S).
 
