@@ -1,5 +1,9 @@
 """Contract cases for mha.tryit.sdpa_backends (11_sdpa_backends.ipynb)."""
 
+import numpy as np
+import torch
+from torch.nn.attention import SDPBackend
+
 from mha.tryit import sdpa_backends as tryit
 from tests.self_checks import Case
 
@@ -8,23 +12,51 @@ GIB = 1 * 32 * 8192 * 8192 * 2 / 2**30  # B * h * T * T numbers, 2 bytes each (b
 CASES = [
     Case(tryit.check_score_gib,
          right=lambda: (GIB,),
-         wrong={"float32": lambda: (8,),
+         right_forms=[lambda: (4,), lambda: (np.float32(4.0),), lambda: (torch.tensor(4.0),),
+                      lambda: (np.array([4.0]),), lambda: (4.02,), lambda: (2**32 / 2**30,)],
+         wrong={"float32); bfloat16 takes 2; or that counts two matrices": lambda: (8,),
                 "GB (10**9 bytes)": lambda: (4.29,),
                 "that is bytes": lambda: (2**32,),
                 "MiB": lambda: (4096,),
+                "KiB": lambda: (4 * 2**20,),
                 "one head": lambda: (0.125,),
                 "bits": lambda: (32,),
-                "numbers, not bytes": lambda: (2,),
-                "times the size": lambda: (1.5,)},
+                "not bytes: each bfloat16 number takes 2 bytes; or that counts only the causal half":
+                    lambda: (2,),
+                "T = 8000": lambda: (3.81,),
+                "must be positive": lambda: (-4,),
+                # invented, not in the table: each named through the ratio to the right size
+                "factors 2 (4-byte float32 for 2-byte bfloat16, or two matrices) and 2**30 / 10**9":
+                    lambda: (8.59,),
+                "a factor h = 32 (the heads) too big": lambda: (128,),
+                "a factor 8 (bits in a byte) too small": lambda: (0.5,),
+                "and h = 32 (the heads) both missing": lambda: (1 / 16,),
+                "exactly 3 times": lambda: (12,)},
          garbage=[lambda: ("4 GiB",), lambda: ([4, 4],), lambda: (float("inf"),),
-                  lambda: (True,)]),
+                  lambda: (True,)],
+         secret=["4294967296", "4,294,967,296", "2,147,483,648", "2147483648", "= 4 GiB",
+                 "4.0 GiB"]),
     Case(tryit.check_dropout_kernel,
          right=lambda: ("math", "math"),  # the CPU flash kernel refuses dropout_p > 0
+         right_forms=[lambda: ("Math", "math"), lambda: (" math ", "math"),
+                      lambda: ("maths", "math"), lambda: ("math path", "math"),
+                      lambda: (SDPBackend.MATH, "math"), lambda: ("SDPBackend.MATH", "math"),
+                      lambda: ("aten::_scaled_dot_product_attention_math", "math"),
+                      lambda: ("math", None), lambda: ("mathh", "math"),
+                      lambda: ("flash", "flash"),
+                      lambda: (SDPBackend.FLASH_ATTENTION, "flash")],
          wrong={"refuses dropout": lambda: ("flash", "math"),
                 "CUDA kernel": lambda: ("efficient", "math"),
                 "dispatcher": lambda: ("default", "math"),
-                "not one of SDPA's kernels": lambda: ("maths", "math"),
-                "accepts dropout": lambda: ("math", "flash")},
+                "not one of SDPA's kernels": lambda: ("fast", "math"),
+                "accepts dropout": lambda: ("math", "flash"),
+                # invented, not in the table
+                "does not fail": lambda: ("error", "math"),
+                "more than one kernel": lambda: ("flash or math", "math"),
+                "names a device": lambda: ("cpu", "math"),
+                "outside SDPA": lambda: ("eager", "math"),
+                "FlexAttention": lambda: ("flex_attention", "math"),
+                "cudnn is a CUDA kernel": lambda: (SDPBackend.CUDNN_ATTENTION, "math")},
          untried=lambda: (None, "math"),
          garbage=[lambda: (1, "math"), lambda: (["math"], "math"), lambda: ("math", 0)]),
 ]

@@ -1,15 +1,56 @@
-"""Self-checks for the Try-it of 11_sdpa_backends.ipynb: a score matrix's GiB, dropout's kernel."""
+"""Self-checks for the Try-it of 11_sdpa_backends.ipynb: a score matrix's GiB, dropout's kernel.
+
+The size is judged within 1%: the usual slips by their value (every slip that gives the same
+value is named), any other number by how it relates to the right one (a ratio made of the
+heads, the bytes per number, bits, GB for GiB). The kernel is read in the names
+people write for it (SDPBackend members, the profiler's op names, "math path", ...).
+"""
 
 from __future__ import annotations
 
+import difflib
+import re
 from typing import Any
 
-from . import as_number, not_tried, not_yet, right
+from . import as_number, describe_number, first_match, not_tried, not_yet, right, self_check
 
 KERNELS = ("flash", "efficient", "cudnn", "math")
 """SDPA's kernels by the short names the lesson uses (mha.bench.BACKENDS)."""
 
+FACTORS = {"2 (4-byte float32 for 2-byte bfloat16, or two matrices)": 2.0,
+           "h = 32 (the heads)": 32.0, "8 (bits in a byte)": 8.0,
+           "2**30 / 10**9 (GB for GiB)": 2**30 / 1e9}
+"""How a wrong size usually relates to the right one: describe_number names these ratios."""
 
+
+def _size_mistakes(B: int, h: int, T: int, S: int, itemsize: int) -> list[tuple[float, str]]:
+    """(GiB a usual slip gives, what the slip is) for a (B, h, T, S) matrix of itemsize bytes."""
+    numbers = B * h * T * S  # entries of the matrix
+    nbytes = numbers * itemsize
+    k8 = B * h * 8000 * 8000 * itemsize  # "8K tokens" read as 8000
+    return [
+        (numbers * 4 / 2**30, "that is 4 bytes per number (float32); bfloat16 takes 2"),
+        (2 * nbytes / 2**30, "that counts two matrices (the scores and the softmax weights the "
+                             "math path writes beside them): the question asks for one"),
+        (nbytes / 1e9, "that is GB (10**9 bytes); a GiB is 2**30 bytes"),
+        (nbytes, "that is bytes: the answer is wanted in GiB (divide by 2**30)"),
+        (nbytes / 2**10, "that is KiB (2**10 bytes): the answer is wanted in GiB"),
+        (nbytes / 2**20, "that is MiB (2**20 bytes): the answer is wanted in GiB"),
+        (nbytes / h / 2**30, f"that is one head: the matrix holds a (T, T) block for each of the "
+                             f"{h} heads"),
+        (nbytes * 8 / 2**30, "that counts bits: a byte is 8 bits, and a bfloat16 number takes 2 "
+                             "bytes"),
+        (numbers / 2**30, "that counts numbers, not bytes: each bfloat16 number takes 2 bytes"),
+        (nbytes / 2 / 2**30, "that counts only the causal half (the lower triangle, with or "
+                             "without its diagonal): the math path writes the whole T x T matrix, "
+                             "masked entries included"),
+        (k8 / 2**30, "that takes T = 8000: 8192 tokens is 8 * 1024, not 8 * 1000"),
+        (k8 / 1e9, "that takes T = 8000 and GB (10**9 bytes): T is 8192 = 8 * 1024 and a GiB "
+                   "is 2**30 bytes"),
+    ]
+
+
+@self_check
 def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int = 8192,
                     itemsize: int = 2) -> str:
     """Say right, or which factor of B * h * T * S * itemsize / 2**30 the answer gets wrong."""
@@ -22,33 +63,85 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
     if abs(got - want) <= 0.01 * want:
         return right(f"{numbers:,} numbers of {itemsize} bytes = {numbers * itemsize:,} bytes "
                      f"= {want:g} GiB, for one layer's scores alone")
-    mistakes = [
-        (numbers * 4 / 2**30, "that is 4 bytes per number (float32); bfloat16 takes 2"),
-        (numbers * itemsize / 1e9, "that is GB (10**9 bytes); a GiB is 2**30 bytes"),
-        (numbers * itemsize, "that is bytes: the answer is wanted in GiB (divide by 2**30)"),
-        (numbers * itemsize / 2**20, "that is MiB (2**20 bytes): the answer is wanted in GiB"),
-        (numbers * itemsize / h / 2**30, f"that is one head: the matrix holds a (T, T) block "
-                                         f"for each of the {h} heads"),
-        (numbers * itemsize * 8 / 2**30, "that counts bits: a byte is 8 bits, and a bfloat16 "
-                                         "number takes 2 bytes"),
-        (numbers / 2**30, "that counts numbers, not bytes (or only half the matrix): each "
-                          "bfloat16 number takes 2 bytes, and the math path writes the whole "
-                          "T x T matrix, masked entries included"),
-    ]
-    for wrong, why in mistakes:
-        if abs(got - wrong) <= 0.01 * wrong:
-            not_yet(why)
-    not_yet(f"{got:g} GiB is {got / want:.3g} times the size: count B * h * T * T numbers, the "
-            f"bytes of one bfloat16 number, and 2**30 bytes to a GiB")
+    named = _close_match(got, _size_mistakes(B, h, T, S, itemsize))
+    if named:
+        not_yet(named)
+    if got <= 0:
+        not_yet(f"gib must be positive: a matrix takes room, got {got:g}")
+    said = describe_number(got, want, "gib", FACTORS, rtol=0.01)
+    not_yet(f"{said}. Count B * h * T * T numbers, the bytes of one bfloat16 number, and 2**30 "
+            f"bytes to a GiB")
 
 
-def _kernel_name(answer: Any, name: str) -> str:
-    """The answer as a lower-case kernel name, or NotYet saying what arrived instead."""
+def _close_match(got: float, mistakes: list[tuple[float, str]]) -> str | None:
+    """Every mistake within 1% of `got`, named together when two slips give the same value
+    (first_match's wording; its tolerance is absolute, so the 1% is applied here)."""
+    fits = [(w, why) for w, why in mistakes if abs(got - w) <= 0.01 * abs(w)]
+    return first_match([1.0], [([1.0], why) for _, why in fits]) if fits else None
+
+
+ALIASES = {
+    "math": ("math", "maths", "math path", "math kernel", "math backend", "sdpbackend.math",
+             "sdpa_math", "attention_math", "_scaled_dot_product_attention_math",
+             "aten::_scaled_dot_product_attention_math", "the math path", "the math kernel"),
+    "flash": ("flash", "flash_attention", "flashattention", "flash attention", "flash-attention",
+              "sdpbackend.flash_attention", "flash kernel", "flash_attention_2", "flashattention-2",
+              "flashattention2", "fa2", "_scaled_dot_product_flash_attention_for_cpu",
+              "aten::_scaled_dot_product_flash_attention_for_cpu",
+              "_scaled_dot_product_flash_attention", "the flash kernel"),
+    "efficient": ("efficient", "efficient_attention", "efficient attention", "mem_efficient",
+                  "mem-efficient", "memory-efficient", "memory efficient", "memory_efficient",
+                  "sdpbackend.efficient_attention", "xformers", "cutlass",
+                  "_scaled_dot_product_efficient_attention"),
+    "cudnn": ("cudnn", "cudnn_attention", "sdpbackend.cudnn_attention", "cudnn attention",
+              "_scaled_dot_product_cudnn_attention"),
+}
+OTHER_NAMES = {
+    ("sdpa", "default", "auto", "scaled_dot_product_attention", "f.scaled_dot_product_attention",
+     "sdp", "dispatcher"):
+        "{got!r} names the dispatcher, not a kernel: which kernel does it pick here?",
+    ("error", "none", "raises", "it raises", "fails", "it fails", "refused", "runtimeerror",
+     "nothing", "no kernel", "sdpbackend.error"):
+        "a default call does not fail: SDPA tries its kernels in turn and runs the first that "
+        "accepts the inputs; only a call forced onto one kernel (sdpa_kernel) raises when that "
+        "kernel refuses. Which kernel accepts dropout on a CPU?",
+    ("overrideable", "sdpbackend.overrideable"):
+        "OVERRIDEABLE is a slot for kernels registered from outside PyTorch; none is on a plain "
+        "CPU build. Which of the lesson's kernels runs?",
+    ("cpu", "cuda", "gpu"):
+        "{got!r} names a device, not a kernel: the call runs on the CPU; which kernel runs there?",
+    ("eager", "manual", "naive", "numpy", "ours", "reference"):
+        "{got!r} is a path outside SDPA (the PyTorch port lesson's use_sdpa=False): the question "
+        "asks which of SDPA's own kernels runs",
+    ("flex", "flex_attention", "flexattention", "triton"):
+        "{got!r} is not one of SDPA's kernels: FlexAttention and Triton kernels are called "
+        "separately, never picked by F.scaled_dot_product_attention",
+}
+
+
+def _kernel_name(answer: Any, name: str) -> tuple[str, str]:
+    """(kernel, as written): the answer read as one of KERNELS, or as written if none fits."""
+    if hasattr(answer, "name") and type(answer).__name__ == "SDPBackend":  # the enum itself
+        answer = f"sdpbackend.{answer.name}"
+    if isinstance(answer, bytes):
+        answer = answer.decode(errors="replace")
     if not isinstance(answer, str):
-        not_yet(f'{name} must be text, "flash" or "math", got {type(answer).__name__} {answer!r}')
-    return answer.strip().lower()
+        not_yet(f'{name} must be text, "flash" or "math", got {type(answer).__name__} {answer!r:.40}')
+    text = re.sub(r"\s+", " ", answer.strip().strip("'\"").lower())
+    text = text.removeprefix("torch.nn.attention.").removeprefix("torch.backends.cuda.")
+    for kernel, names in ALIASES.items():
+        if text in names:
+            return kernel, text
+    return text, text
 
 
+def _named_both(text: str) -> bool:
+    """Whether the text names more than one kernel ("flash or math")."""
+    words = set(re.findall(r"[a-z_]+", text))
+    return sum(any(n in words for n in (k, *ALIASES[k][:2])) for k in KERNELS) > 1
+
+
+@self_check
 def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
     """Say right, or what is wrong with the kernel named for a CPU SDPA call with dropout_p=0.1.
 
@@ -57,22 +150,31 @@ def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
     """
     if answer is None:
         return not_tried('write the kernel\'s name as `kernel`: "flash" or "math"')
-    got = _kernel_name(answer, "kernel")
-    want = "math" if measured is None else _kernel_name(measured, "measured")
+    got, written = _kernel_name(answer, "kernel")
+    want = "math" if measured is None else _kernel_name(measured, "measured")[0]
+    if got not in KERNELS:
+        close = difflib.get_close_matches(got, KERNELS, n=1, cutoff=0.75)
+        if close and not _named_both(got):
+            got = close[0]  # a typo of one kernel's name ("flsh", "mathh"): read as that kernel
     if got == want:
-        return right(f"a default CPU call with dropout_p=0.1 runs {want}"
-                     + (": the CPU flash kernel refuses dropout, so SDPA hands the call to "
-                        "the math path, which applies dropout to the weights it materialises"
-                        if want == "math" else ""))
-    if got in ("efficient", "memory-efficient", "mem_efficient", "cudnn"):
+        said = f"a default CPU call with dropout_p=0.1 runs {want}"
+        if want == "math":
+            said += (": the CPU flash kernel refuses dropout, so SDPA hands the call to the math "
+                     "path, which applies dropout to the weights it materialises")
+        return right(said + ("" if written == want else f" (read {answer!r:.40} as {want!r})"))
+    if got in ("efficient", "cudnn"):
         not_yet(f"{got} is a CUDA kernel: SDPA never picks it for CPU tensors (see the "
                 f"'on CPU' rows of the refusal table)")
-    if got in ("sdpa", "default", "auto", "scaled_dot_product_attention"):
-        not_yet(f"{got!r} names the dispatcher, not a kernel: which kernel does it pick here?")
     if got == "flash":
         not_yet("the CPU flash kernel refuses dropout_p > 0 (the 'dropout 0.1' row of the "
                 "refusal table): a default call does not run a kernel that refuses its input")
     if got == "math" and want == "flash":
         not_yet("this PyTorch's CPU flash kernel accepts dropout: the measured default call "
                 "ran flash")
-    not_yet(f"{answer!r} is not one of SDPA's kernels here: answer \"flash\" or \"math\"")
+    if _named_both(got):
+        not_yet(f"{answer!r:.40} names more than one kernel: one call runs one kernel, so name "
+                f"the one that runs")
+    for names, why in OTHER_NAMES.items():
+        if got in names:
+            not_yet(why.format(got=got))
+    not_yet(f"{answer!r:.40} is not one of SDPA's kernels here: answer \"flash\" or \"math\"")
