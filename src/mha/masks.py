@@ -302,7 +302,7 @@ def diagnose_padding(mask: Any, lengths: Any, causal: bool = False, queries: boo
     if not hasattr(mask, "dtype") or str(mask.dtype) not in ("bool", "torch.bool"):
         kind = str(getattr(mask, "dtype", type(mask).__name__)).replace("torch.", "")
         why = ("SDPA refuses an integer attn_mask (bool or float only) and mha's modules refuse "
-               "any non-boolean one: use .astype(bool)" if "int" in kind else
+               "any non-boolean one: use mask == 1 if 1 marks may attend" if "int" in kind else
                "A float mask is ADDED to the scores by SDPA: 0/1 only tilts the weights by e, "
                "and padded keys keep a share of every row")
         return f"the mask must be boolean (True = may attend), got {kind}. {why}"

@@ -159,7 +159,8 @@ def mask_shape(mask: Any, B: int, h: int, T: int, S: int) -> tuple[int, int, int
         kind = getattr(mask, "dtype", type(mask).__name__)
         raise TypeError(
             f"mask must be a boolean array (True = may attend), got {kind}; "
-            f"for a 0/1 array use mask.astype(bool)"
+            f"for a 0/1 array (1 = may attend) use mask == 1; for an additive mask (0 = attend, "
+            f"-inf = blocked) use mask == 0"
         )
     got = shape_of(mask)
     allowed = f"(T={T}, S={S}), (B={B}, T={T}, S={S}) or (B={B} or 1, h={h} or 1, T={T}, S={S})"
