@@ -67,7 +67,7 @@ CASES = [
                 "the future alone": lambda: (_mask(lambda t, s: s > t),),
                 # the issue: masks in another convention, inverted or with 0 and -inf swapped
                 "is inverted": lambda: (~RIGHT_BY_HAND,),
-                "inverted: True (1)": lambda: ((~RIGHT_BY_HAND).astype(int),),
+                "inverted: 1 where attention is blocked": lambda: ((~RIGHT_BY_HAND).astype(int),),
                 "0 and -inf swapped": lambda: (np.where(RIGHT_BY_HAND, -np.inf, 0.0),),
                 # loops whose index t - 2 goes below 0
                 "slice is empty": lambda: (_slice_loop(),),

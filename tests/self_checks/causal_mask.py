@@ -50,7 +50,7 @@ CASES = [
                 "negative index": lambda: (_slice_loop(),),
                 # the issue: masks in another convention, inverted or with 0 and -inf swapped
                 "is inverted": lambda: (~WINDOW,),
-                "inverted: True (1)": lambda: ((~WINDOW).astype(np.int64),),
+                "inverted: 1 where attention is blocked": lambda: ((~WINDOW).astype(np.int64),),
                 "0 and -inf swapped": lambda: (np.where(WINDOW, -np.inf, 0.0),),
                 # unlisted, told by the rules and by relate
                 "which is in its future": lambda: (WINDOW | np.eye(T, k=1, dtype=bool),),
