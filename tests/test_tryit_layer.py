@@ -258,3 +258,11 @@ def test_guarded_passes_honest_work_and_returns_its_value(student):
     out = guarded(student.honest, np.zeros((2, 4)))
     assert np.allclose(out, 0.25)
     assert np.allclose(guarded(student.direct, np.zeros((1, 2)), allow=(steps,)), 0.5)
+
+
+def test_guarded_refuses_an_instance_of_a_package_class():
+    from mha.numpy_mha import MultiHeadAttention
+
+    module = MultiHeadAttention(8, 2, seed=0)
+    with pytest.raises(NotYet, match="MultiHeadAttention"):
+        guarded(module, np.zeros((1, 3, 8)))

@@ -137,6 +137,8 @@ def _is_package(obj: Any) -> str | None:
     code = getattr(obj, "__code__", None)
     if code is not None and code.co_filename.startswith(_PKG_DIR):
         return _dotted(code)
+    if code is None and callable(obj) and not inspect.isroutine(obj):  # an instance: a module
+        return _is_package(type(obj))
     return None
 
 
