@@ -14,7 +14,8 @@ CASES = [
                       lambda: (np.array([[28, 8]]),),
                       lambda: ({"skipped": 28, "partial": 8},),  # issue 27: a dict was refused
                       lambda: ({"partial": 8, "skipped": 28},),
-                      lambda: ({"SKIPPED": 28, "PARTIAL": 8, "FULL": 28},)],  # the lesson's counts
+                      lambda: ({"SKIPPED": 28, "PARTIAL": 8, "FULL": 28},),  # the lesson's counts
+                      lambda: ({"never computed": 28, "partly masked": 8},)],
          wrong={"diagonal tiles counted as skipped too": lambda: ((36, 8),),
                 "skipped instead of partly masked": lambda: ((36, 0),),
                 "cuts through": lambda: ((28, 0),),
@@ -43,12 +44,14 @@ CASES = [
                 "nothing skipped": lambda: ((0, 8),),
                 "without the causal mask": lambda: ((0, 0),),
                 "first query block's row only": lambda: ((7, 8),),
+                "skipped count is not 0": lambda: ((0, 5),),
+                "between 1/32 and 1/16 times": lambda: ((1, 8),),  # not 'exactly 1/28': that gives 28 away
                 "allowed ones, diagonal": lambda: ((2080, 64),),
                 "three numbers": lambda: ((28, 8, 28),),
                 "one key names each count": lambda: ({"a": 28, "b": 8},)},
          garbage=[lambda: ("28, 8",), lambda: (28,), lambda: ((28.5, 8),),
                   lambda: ([[28], 8],), lambda: ({"skipped": "28", "partial": 8},),
                   lambda: ((True, 8),), lambda: ((float("nan"), 8),), lambda: (np.array([28]),),
-                  lambda: ({28, 8},), lambda: (np.zeros((8, 8)),)],
+                  lambda: ({28, 8},), lambda: (np.zeros((8, 8)),), lambda: ((-28, 8),)],
          secret=["28 of the", "(28, 8)", "28 and 8"]),
 ]

@@ -52,7 +52,8 @@ CASES = [
                 "whole number": lambda: (4194304.5,),
                 "close but not exact": lambda: (4_000_000,),  # 4 MiB read as 4 * 10**6
                 "factor 2 for K and V twice": lambda: (8_388_608,),
-                "GB (billions": lambda: (0.004194304,)},
+                "GB (billions": lambda: (0.004194304,),
+                "positive number of bytes": lambda: (-4_194_304,)},  # not 'the wrong sign': that shows it
          garbage=[lambda: ("four MiB",), lambda: ([4194304, 1],), lambda: (True,)],
          secret=SECRET),
     Case(tryit.check_cache_formula,

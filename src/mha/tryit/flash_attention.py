@@ -9,6 +9,7 @@ other pair is judged count by count, each described by how it relates to the rig
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,7 +28,7 @@ from . import (
 )
 
 WANT = "a pair (skipped, partial) of two whole numbers, e.g. (10, 3)"
-_SKIPPED_KEYS = ("skip",)  # dict keys that name each count: "skipped", "n_skipped", "skip"
+_SKIPPED_KEYS = ("skip", "never")  # dict keys naming each count: "skipped", "n_skip", "never"
 _PARTIAL_KEYS = ("partial", "part", "masked", "cut", "diag")
 
 
@@ -135,13 +136,25 @@ _HOW = {"skipped": "the skipped tiles lie wholly right of the staircase, strictl
 def _one_count(got: float, want: int, name: str, n: int) -> str:
     """A part's verdict: right, or how this count relates to the right one.
 
-    A whole ratio (2, n) or an off-by-one is said; any other ratio only by the powers of 2
-    around it (describe_number), which cannot give the count away; then how to count.
+    A ratio of 2 or n, or an off-by-one, is said (describe_number); any other ratio only by the
+    powers of 2 around it, which cannot give the count away; then how to count.
     """
     if got == want:
         return right(f"your {name} count")
-    said = describe_number(got, want, f"the {name} count", {f"n = {n} (blocks a side)": n})
+    if got == 0:
+        not_yet(f"the {name} count is not 0; {_HOW[name]}")
+    r = got / want
+    if any(math.isclose(r, x) for x in (2, 1 / 2, n, 1 / n)) or abs(got - want) <= 2:
+        said = describe_number(got, want, f"the {name} count", {f"n = {n} (blocks a side)": n})
+    else:  # any other ratio, even a whole one (1/28), would give a count this small away
+        lo = 2.0 ** math.floor(math.log2(r))
+        said = f"the {name} count is between {_frac(lo)} and {_frac(2 * lo)} times the right one"
     not_yet(f"{said}; {_HOW[name]}")
+
+
+def _frac(x: float) -> str:
+    """2 -> '2', 0.25 -> '1/4'."""
+    return f"{x:g}" if x >= 1 else f"1/{1 / x:g}"
 
 
 @self_check

@@ -153,6 +153,9 @@ def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, 
         not_yet(said)
     if got != int(got):
         not_yet(f"a number of bytes is a whole number, got {got:g}")
+    if got <= 0:
+        not_yet(f"a cache takes a positive number of bytes, got {got:g}: count K and V, "
+                f"B * h * max_len * d_k numbers each, and the bytes of each number")
     if 0.9 < got / want < 1.1 and abs(got - want) > 2:  # off by 1 or 2: said by _describe
         not_yet("your number is close but not exact: count the bytes exactly, with no rounding "
                 "and no unit conversion (a KiB is 1024 bytes, not 1000)")
