@@ -272,12 +272,12 @@ def _factor_table(factors: dict[str, float] | None) -> list[tuple[float, str]]:
     return table
 
 
-def _ratio_words(r: float) -> str:
-    """'exactly 2 times', 'exactly 1/8 of', or '3.14 times'."""
-    for k in range(2, 1025):
-        if math.isclose(r, k, rel_tol=1e-9):
+def _ratio_words(r: float, most: int = 16) -> str:
+    """'exactly 2 times', 'exactly 1/8 of', or '3.14 times' (whole ratios up to `most`)."""
+    for k in (round(r), round(1 / r) if r else 0):
+        if 2 <= k <= most and math.isclose(r, k, rel_tol=1e-9):
             return f"exactly {k} times"
-        if math.isclose(r, 1 / k, rel_tol=1e-9):
+        if 2 <= k <= most and math.isclose(r, 1 / k, rel_tol=1e-9):
             return f"exactly 1/{k} of"
     return f"{r:.3g} times"
 
@@ -297,7 +297,7 @@ def describe_number(got: float, want: float, name: str = "your answer",
         r = got / want
         fits = [words for value, words in _factor_table(factors) if close(r, value)]
         if fits:
-            said.append(f"{name} is {_ratio_words(r)} the right value: "
+            said.append(f"{name} is {_ratio_words(r, most=2**40)} the right value: "
                         + ("; or ".join(dict.fromkeys(fits)) if len(fits) > 1 else fits[0])
                         + (" (two slips give this value)" if len(set(fits)) > 1 else ""))
         elif close(r, -1):
@@ -323,12 +323,14 @@ def _ratio_story(r: float, name: str, factors: dict[str, float] | None) -> str:
     """'every entry is exactly 2 times the right one: a factor 2 (K and V) too big' for a ratio."""
     fits = [words for value, words in _factor_table(factors)
             if math.isclose(r, value, rel_tol=1e-9)]
-    named = ": " + "; or ".join(dict.fromkeys(fits)) if fits else ""
-    if len(set(fits)) > 1:
-        named += " (two slips give this value)"
     if math.isclose(r, -1.0, rel_tol=1e-9):
         return f"{name} has the right size but the wrong sign"
-    return f"{name} is {_bracket(r)} the right one{named}"
+    if not fits:
+        return f"{name} is {_bracket(r)} the right one"
+    named = "; or ".join(dict.fromkeys(fits))
+    if len(set(fits)) > 1:
+        named += " (two slips give this value)"
+    return f"{name} is {_ratio_words(r, most=2**40)} the right one: {named}"
 
 
 def _bracket(r: float) -> str:
@@ -359,6 +361,10 @@ def _shape_story(g: np.ndarray, w: np.ndarray, name: str, show_shape: bool, clos
             if w.transpose(perm).shape == g.shape and close(g, w.transpose(perm)):
                 return (f"{name} has the right numbers with its axes in another order: shape "
                         f"{g.shape}{wanted}; a transpose is missing or one too many")
+    if g.squeeze().shape == w.squeeze().shape and close(g.reshape(w.shape), w):
+        extra = "an extra" if g.ndim > w.ndim else "a missing"
+        return (f"{name} has the right numbers in the wrong shape {g.shape}{wanted}: {extra} "
+                f"axis of size 1")
     if g.size == w.size and close(g.reshape(w.shape), w):
         return (f"{name} has the right numbers in the wrong shape {g.shape}{wanted}: a reshape "
                 f"is missing")
