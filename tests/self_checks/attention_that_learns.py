@@ -22,6 +22,7 @@ def from_measurement(derive):
 
 
 ONE_HOT = np.eye(8, dtype=int)[RIGHT]  # the predicted map itself: row t has its 1 at the key
+SOFT = 0.02 + 0.84 * ONE_HOT  # a map of weights: rows sum to 1, largest at the key
 
 CASES = [
     Case(tryit.check_rotation_keys,
@@ -38,6 +39,9 @@ CASES = [
                       lambda: (RIGHT, None),
                       lambda: ("3, 4, 5, 6, 7, 0, 1, 2", measured()),
                       lambda: ("[3 4 5 6 7 0 1 2]", measured()),
+                      lambda: ({str(t): k for t, k in enumerate(RIGHT)}, measured()),
+                      lambda: ([str(k) for k in RIGHT], measured()),
+                      lambda: (SOFT, measured()),  # a predicted map of weights
                       lambda: (RIGHT, np.array(LEARNED))],
          wrong={"other way": lambda: ([5, 6, 7, 0, 1, 2, 3, 4], measured()),
                 "do not exist": lambda: ([3, 4, 5, 6, 7, 8, 9, 10], measured()),
@@ -60,7 +64,9 @@ CASES = [
                 "rotates by 6": lambda: ([6, 7, 0, 1, 2, 3, 4, 5], measured()),
                 "reversed along axis 0": lambda: ([2, 1, 0, 7, 6, 5, 4, 3], measured()),
                 "all read key 7": lambda: ([3, 4, 5, 6, 7, 7, 1, 2], measured()),
-                "6 of 8 entries are right": lambda: ([3, 4, 5, 6, 7, 1, 0, 2], measured())},
+                "6 of 8 entries are right": lambda: ([3, 4, 5, 6, 7, 1, 0, 2], measured()),
+                "mirrored": lambda: (SOFT[:, ::-1], measured()),
+                "goes down as t grows": lambda: ([3, 2, 1, 0, 7, 6, 5, 4], measured())},
          untried=lambda: (None, measured()),
          garbage=[lambda: ("three, four, ...", measured()), lambda: ([3, 4, 5], measured()),
                   lambda: ([[3, 4], [5]], measured()), lambda: ([3.5] * 8, measured()),

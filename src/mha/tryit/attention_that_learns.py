@@ -139,11 +139,15 @@ def _keys(answer: Any, name: str, T: int) -> np.ndarray:
             not_yet(f"{form}, got text {answer!r:.40}")
         answer = [int(k) for k in re.findall(r"-?\d+", answer)]  # "3, 4, ...": the numbers in it
     if isinstance(answer, Mapping):
-        if sorted(answer) != list(range(T)):
+        if all(isinstance(q, str) and q.strip().isdigit() for q in answer):
+            answer = {int(q): k for q, k in answer.items()}  # {"0": 3, ...}: queries as text
+        if sorted(answer, key=str) != sorted(range(T), key=str):
             not_yet(f"{form} (or a mapping query -> key with the queries 0..{T - 1} as keys), got "
                     f"a mapping with keys {sorted(answer, key=str)!r:.60}")
         answer = [answer[t] for t in range(T)]
     got = read_array(answer, form)
+    if got.dtype.kind in "US" and all(re.fullmatch(r"\s*-?\d+\s*", str(v)) for v in got.flat):
+        got = got.astype(np.int64)  # ["3", "4", ...]: numbers written as text
     if got.shape == (T, T):
         got = _from_map(got, name, T)
     elif got.shape == (T, 2) and np.array_equal(np.sort(got[:, 0]), np.arange(T)):
@@ -160,11 +164,18 @@ def _keys(answer: Any, name: str, T: int) -> np.ndarray:
 
 
 def _from_map(m: np.ndarray, name: str, T: int) -> np.ndarray:
-    """A predicted (T, T) attention map with one 1 (or True) per row, as the key of each row."""
-    if not np.isin(m, (0, 1)).all() or not (m.sum(axis=1) == 1).all():
-        not_yet(f"{name} as a ({T}, {T}) map must have a single 1 (True) in each row, the key that "
-                f"query reads; or give the {T} keys as a list")
-    return np.argmax(m, axis=1)
+    """A predicted (T, T) attention map, as the key each row reads most: one-hot rows, or
+    weights (rows summing to 1) with a single largest entry per row."""
+    if m.dtype == np.bool_ or np.isin(m, (0, 1)).all():
+        if (m.sum(axis=1) == 1).all():
+            return np.argmax(m, axis=1)
+    elif np.isfinite(m).all() and np.allclose(m.sum(axis=1), 1, atol=1e-6) and (m >= 0).all():
+        top = m.max(axis=1, keepdims=True)
+        if ((m == top).sum(axis=1) == 1).all():
+            return np.argmax(m, axis=1)
+    not_yet(f"{name} as a ({T}, {T}) map must have a single 1 (True) in each row, or weights "
+            f"summing to 1 with one largest entry, at the key that query reads; or give the {T} "
+            f"keys as a list")
 
 
 def _mistakes(T: int, shift: int) -> list[tuple[np.ndarray, str]]:
@@ -195,6 +206,10 @@ def _mistakes(T: int, shift: int) -> list[tuple[np.ndarray, str]]:
         ((t * shift) % T, f"multiplies t by {shift}: the rotation adds {shift} to the position"),
         ((t + shift) % (T - 1), f"wraps around at {T - 1}: there are {T} positions (0..{T - 1}), "
                                 f"so the rotation wraps at {T}"),
+        (T - 1 - (t + shift) % T, f"mirrored: each key is counted from the other end (key {T - 1} "
+                                  f"where key 0 belongs), as if the map's columns were flipped"),
+        ((shift - t) % T, f"goes down as t grows (key {shift} - t, wrapping): the rotation moves "
+                          f"forward, so the key grows with the query"),
     ]
 
 
@@ -212,7 +227,8 @@ def _diagnosis(got: np.ndarray, want: np.ndarray, T: int, shift: int) -> str:
     t = np.arange(T)
     for s in range(T):
         if np.array_equal(got, (t + s) % T):
-            return (f"that rotates by {s} places (query t reads key (t + {s}) mod {T}); the "
+            return (f"that rotates by {s} place{'s' if s != 1 else ''} (query t reads key "
+                    f"(t + {s}) mod {T}); the "
                     f"target is the token {shift} places on")
     values, counts = np.unique(got, return_counts=True)
     if (counts > 1).any():

@@ -44,6 +44,10 @@ def _size_mistakes(B: int, h: int, T: int, S: int, itemsize: int) -> list[tuple[
         (nbytes / 2 / 2**30, "that counts only the causal half (the lower triangle, with or "
                              "without its diagonal): the math path writes the whole T x T matrix, "
                              "masked entries included"),
+        (numbers / 2 / 2**30, "that counts numbers, not bytes, over only the causal half: each "
+                              "bfloat16 number takes 2 bytes, and the math path writes the whole "
+                              "T x T matrix"),
+        (nbytes / 2**40, "that is TiB (2**40 bytes): the answer is wanted in GiB"),
         (k8 / 2**30, "that takes T = 8000: 8192 tokens is 8 * 1024, not 8 * 1000"),
         (k8 / 1e9, "that takes T = 8000 and GB (10**9 bytes): T is 8192 = 8 * 1024 and a GiB "
                    "is 2**30 bytes"),
@@ -68,7 +72,12 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
         not_yet(named)
     if got <= 0:
         not_yet(f"gib must be positive: a matrix takes room, got {got:g}")
+    if got > 500 * want:
+        not_yet(f"{got:g} is far too big for GiB: that looks like a count in a small unit (bytes, "
+                f"KiB, MiB) or of numbers; a GiB is 2**30 bytes")
     said = describe_number(got, want, "gib", FACTORS, rtol=0.01)
+    if "off by" in said:  # a few GiB too many is a wrong factor here, not an off-by-one
+        said = f"gib is {got / want:.3g} times the right value, a ratio none of the usual slips gives"
     not_yet(f"{said}. Count B * h * T * T numbers, the bytes of one bfloat16 number, and 2**30 "
             f"bytes to a GiB")
 
@@ -136,9 +145,19 @@ def _kernel_name(answer: Any, name: str) -> tuple[str, str]:
 
 
 def _named_both(text: str) -> bool:
-    """Whether the text names more than one kernel ("flash or math")."""
+    """Whether the text offers more than one kernel as its answer ("flash or math", "math/flash")."""
     words = set(re.findall(r"[a-z_]+", text))
-    return sum(any(n in words for n in (k, *ALIASES[k][:2])) for k in KERNELS) > 1
+    named = sum(any(n in words for n in (k, *ALIASES[k][:2])) for k in KERNELS)
+    return named > 1 and _first_kernel(text) is None
+
+
+def _first_kernel(text: str) -> str | None:
+    """The kernel an answer with an explanation opens with ("math, since flash refuses it"),
+    or None when it offers a choice ("flash or math") or opens otherwise."""
+    if re.search(r"\b(or|and)\b|/|\|", text):
+        return None
+    first = re.match(r"[a-z_]+", text)
+    return next((k for k in KERNELS if first and first.group() in (k, *ALIASES[k][:2])), None)
 
 
 @self_check
@@ -152,10 +171,15 @@ def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
         return not_tried('write the kernel\'s name as `kernel`: "flash" or "math"')
     got, written = _kernel_name(answer, "kernel")
     want = "math" if measured is None else _kernel_name(measured, "measured")[0]
-    if got not in KERNELS:
+    if got not in KERNELS and not _named_both(got) and not re.search(r"\b(not|no|never)\b", got):
         close = difflib.get_close_matches(got, KERNELS, n=1, cutoff=0.75)
-        if close and not _named_both(got):
+        words = [k for k in KERNELS if k in re.findall(r"[a-z]+", got)]
+        if _first_kernel(got):
+            got = _first_kernel(got)  # the kernel, then a reason
+        elif close:
             got = close[0]  # a typo of one kernel's name ("flsh", "mathh"): read as that kernel
+        elif len(words) == 1:
+            got = words[0]  # "the math one", "math (the fallback)": the one kernel it names
     if got == want:
         said = f"a default CPU call with dropout_p=0.1 runs {want}"
         if want == "math":
