@@ -40,8 +40,12 @@ CASES = [
              "causal mask": call(times(lambda n, *a: n // 2)),  # named, with K alone (the same always)
              "Ulysses formula": call(times(lambda n, B, h, T, W, d_k, i: 2 * n // W)),
              "summed over the W ranks": call(times(lambda n, B, h, T, W, d_k, i: W * n)),
-             "does not use itemsize": call(  # forgot V and counted float64: cancel at float32
+             "does not use itemsize. That fits two slips that cancel at the lesson sizes: K alone": call(
+                 # forgot V and counted float64: they cancel at float32, not at itemsize = 2
                  lambda B, h, T, W, d_k, itemsize: (W - 1) * B * h * (T // W) * d_k * 8),
+             "it does not use h": call(lambda B, h, T, W, d_k, itemsize: by_hand(B, 8, T, W, d_k, itemsize)),
+             "W steps counted (the last block is not sent on), and K alone": call(
+                 lambda B, h, T, W, d_k, itemsize: W * B * h * (T // W) * d_k * itemsize),
              "used the package's own mha.parallel.ring_bytes_per_step": call(
                  lambda B, h, T, W, d_k, itemsize: (W - 1) * parallel.ring_bytes_per_step(
                      B, h, T, W, d_k, itemsize) - (W - 1) * (T // W) * 8),

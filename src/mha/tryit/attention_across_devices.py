@@ -87,6 +87,9 @@ def _judge_number(got: int, sizes: dict[str, int], what: str) -> None:
     named = first_match(got, [(v, why) for v, why in _mistakes(**sizes) if v > 0])
     if named:
         not_yet(f"{what}: {named}")
+    if pair := _pairs([(sizes, got)], most=2):
+        not_yet(f"{what}: this number fits {pair} (pass your function ring_bytes to the check to "
+                f"tell which)")
     said = describe_number(got, want, "your answer", _factors(sizes["W"], sizes["itemsize"]))
     not_yet(f"{what}: {said}. Count the steps that send, the tensors each step sends, the numbers "
             f"in one rank's block and the bytes of one number")
@@ -120,12 +123,44 @@ def _probes(sizes: dict[str, int]) -> list[tuple[str, dict[str, int]]]:
     return out
 
 
+def _scalings(B: int, h: int, T: int, W: int, d_k: int, itemsize: int) -> list[tuple[str, float, str]]:
+    """(what it counts wrong, factor on the right bytes, the slip) for slips that multiply the bytes.
+
+    Slips of different kinds (steps, tensors, units, tokens) combine; two of one kind do not.
+    """
+    return [("steps", 1 / (W - 1), "one step counted (a rank sends at W - 1 steps)"),
+            ("steps", W / (W - 1), "W steps counted (the last block is not sent on)"),
+            ("tensors", 1 / 2, "K alone (each step sends both K and V)"),
+            ("tensors", 3 / 2, "Q sent too (queries stay put)"),
+            ("units", 1 / itemsize, "numbers counted, not bytes"),
+            ("units", 8 / itemsize, "8 bytes per number (float64)"),
+            ("units", 8, "bits, not bytes"),
+            ("tokens", W, "the /W forgotten (a rank holds T / W tokens)")]
+
+
+def _pairs(values: list[tuple[dict[str, int], int]], most: int = 3) -> str | None:
+    """Two slips of different kinds that together give the answer at every one of these sizes."""
+    tables = [_scalings(**sizes) for sizes, _ in values]
+    n = len(tables[0])
+    fits = []
+    for i in range(n):
+        for j in range(i + 1, n):
+            if tables[0][i][0] != tables[0][j][0] and all(
+                    abs(got - _want(**s) * t[i][1] * t[j][1]) <= 1e-9 * _want(**s)
+                    for t, (s, got) in zip(tables, values, strict=True)):
+                fits.append(f"{tables[0][i][2]}, and {tables[0][j][2]}")
+    if not fits:
+        return None
+    return "two slips together: " + "; or ".join(fits[:most])
+
+
 def _named(values: list[tuple[dict[str, int], int]]) -> str | None:
-    """Every listed slip that gives the function's bytes at all these sizes, named, or None."""
+    """Every listed slip that gives the function's bytes at all these sizes, named; else two
+    multiplying slips together; or None."""
     table = [_mistakes(**sizes) for sizes, _ in values]
     fits = [why for i, (_, why) in enumerate(table[0])
             if all(t[i][0] == got and t[i][0] > 0 for t, (_, got) in zip(table, values, strict=True))]
-    return first_match(0, [(0, why) for why in fits])  # one sentence naming each that fits
+    return first_match(0, [(0, why) for why in fits]) or _pairs(values)  # each that fits
 
 
 def _judge_function(fn: Callable, sizes: dict[str, int]) -> str:
@@ -145,19 +180,20 @@ def _judge_function(fn: Callable, sizes: dict[str, int]) -> str:
     if all(v == _want(**s) for s, v in values):
         return right(f"{sizes['W'] - 1} steps of K and V blocks (B, h, T / W, d_k), itemsize bytes "
                      f"each: {got:,} bytes at the lesson's sizes, and right when any one size changes")
-    if named := _named(values):
-        not_yet(named)
     if got != _want(**sizes):
-        not_yet(_unlisted(values))
+        not_yet(_named(values) or _unlisted(values))
     key, other, value = next((k, s, v) for (k, _), (s, v) in zip(_probes(sizes), values[1:],
                                                                    strict=True) if v != _want(**s))
     change = f"{key} = {sizes[key]} -> {other[key]}"
+    pair = _pairs(values)  # two slips that cancel at the lesson's sizes, e.g. K alone at 8 bytes
+    why = (f". That fits {pair.replace('two slips together', 'two slips that cancel at the lesson sizes')}"
+           f"; or a number typed in place of {key}" if pair else _typed(key))
     if value == got:
         not_yet(f"right at the lesson's sizes, but when only {key} changes ({change}) your {name} "
-                f"gives the same bytes: it does not use {key}" + _typed(key))
+                f"gives the same bytes: it does not use {key}{why}")
     ratio = describe_number(value, _want(**other), "yours")
     not_yet(f"right at the lesson's sizes, but not when only {key} changes ({change}): {ratio}. "
-            f"The bytes must follow {key} through your formula" + _typed(key))
+            f"The bytes must follow {key} through your formula{why}")
 
 
 def _unlisted(values: list[tuple[dict[str, int], int]]) -> str:
@@ -183,8 +219,7 @@ def _unlisted(values: list[tuple[dict[str, int], int]]) -> str:
 
 def _typed(key: str) -> str:
     """What a slip in one argument usually is."""
-    return {"itemsize": " (a number typed for float32 or float64 in place of itemsize? Two slips "
-                        "that cancel, such as K alone counted at 8 bytes, look right at one size)",
+    return {"itemsize": " (a number typed for float32 or float64 in place of itemsize?)",
             "W": " (the lesson's W = 4 or T / 4 typed in?)",
             "T": " (the lesson's T or T / W typed in?)"}.get(key, " (a number typed in?)")
 
