@@ -78,20 +78,19 @@ def _measurement_form(answer: Any, read: Any) -> str | None:
     return None
 
 
-def _assigned_from_measurement(read: Any) -> bool:
-    """In a notebook: whether the last `answer = ...` the kernel ran reads the measurement.
+def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
+    """In a notebook: the expression of the last `name = ...` the kernel ran, and the namespace.
 
-    The input history says what code made the answer: an expression that uses `read` (under
-    any name), the trained model or `attention_maps` copies the measurement, however it converts
-    it (`[int(k) for k in read]` keeps no mark). Outside IPython: False.
+    Read from IPython's input history, so it says what code made a value however it was
+    converted afterwards. Outside IPython, or if no cell assigned `name`: None.
     """
     try:
         from IPython import get_ipython
     except ImportError:
-        return False
+        return None
     ip = get_ipython()
-    if ip is None or read is None:
-        return False
+    if ip is None:
+        return None
     ns = ip.user_ns
     for cell in reversed(ns.get("In", [])[-100:]):
         try:
@@ -99,11 +98,21 @@ def _assigned_from_measurement(read: Any) -> bool:
         except SyntaxError:
             continue
         values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == "answer" for t in node.targets)]
+                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
         if values:
-            rhs = max(values, key=lambda v: (v.lineno, v.col_offset))
-            return any(_is_measuring(node, ns, read) for node in ast.walk(rhs))
-    return False
+            return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
+    return None
+
+
+def _assigned_from_measurement(read: Any) -> bool:
+    """In a notebook: whether the last `answer = ...` the kernel ran reads the measurement: an
+    expression that uses `read` (under any name), the trained model, a measured map or
+    `attention_maps` (`[int(k) for k in read]` keeps no mark). Outside IPython: False."""
+    found = None if read is None else last_assignment("answer")
+    if found is None:
+        return False
+    rhs, ns = found
+    return any(_is_measuring(node, ns, read) for node in ast.walk(rhs))
 
 
 def _is_measuring(node: ast.AST, ns: dict, read: Any) -> bool:

@@ -8,11 +8,13 @@ people write for it (SDPBackend members, the profiler's op names, "math path", .
 
 from __future__ import annotations
 
+import ast
 import difflib
 import re
 from typing import Any
 
 from . import as_number, describe_number, first_match, not_tried, not_yet, right, self_check
+from .attention_that_learns import last_assignment
 
 KERNELS = ("flash", "efficient", "cudnn", "math")
 """SDPA's kernels by the short names the lesson uses (mha.bench.BACKENDS)."""
@@ -160,6 +162,17 @@ def _first_kernel(text: str) -> str | None:
     return next((k for k in KERNELS if first and first.group() in (k, *ALIASES[k][:2])), None)
 
 
+def _measured_in_notebook() -> bool:
+    """In a notebook: whether the last `kernel = ...` the kernel ran measures instead of answers."""
+    found = last_assignment("kernel")
+    if found is None:
+        return False
+    names = {n.attr if isinstance(n, ast.Attribute) else n.id for n in ast.walk(found[0])
+             if isinstance(n, ast.Attribute | ast.Name)}
+    return bool(names & {"kernel_that_runs", "scaled_dot_product_attention", "profile",
+                         "sdpa_kernel", "KERNEL_OPS"})
+
+
 @self_check
 def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
     """Say right, or what is wrong with the kernel named for a CPU SDPA call with dropout_p=0.1.
@@ -169,6 +182,10 @@ def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
     """
     if answer is None:
         return not_tried('write the kernel\'s name as `kernel`: "flash" or "math"')
+    if _measured_in_notebook():
+        not_yet("`kernel` is set from a run (kernel_that_runs or SDPA itself), not from the "
+                "tables: the exercise asks you to answer from the lesson first; the cell below "
+                "then measures it for you")
     got, written = _kernel_name(answer, "kernel")
     want = "math" if measured is None else _kernel_name(measured, "measured")[0]
     if got not in KERNELS and not _named_both(got) and not re.search(r"\b(not|no|never)\b", got):
