@@ -72,6 +72,7 @@ CASES = [
              "reverse order": call(lambda ls, T: by_hand(list(ls)[::-1], T)),
              "transposed": call(lambda ls, T: by_hand(ls, T).T),
              "marks it as a pad": call(slip(lambda p, ls, T: np.where(p >= 0, p - 1, -1))),
+             "not > 0": call(lambda ls, T: np.where(unmasked(ls, T) > 0, unmasked(ls, T), -1)),
              "first real token got 1": call(lambda ls, T: unmasked(ls, T) + 1),
              "whole numbers": call(lambda ls, T: by_hand(ls, T) + 0.5),
              "raised ZeroDivisionError": call(lambda ls, T: 1 / 0),

@@ -92,6 +92,9 @@ def _mistakes(lengths: np.ndarray, T: int, want: np.ndarray) -> list[tuple[np.nd
          "real token"),
         (np.where(real, want - 1, -1), "off by one the other way: the first real token got -1, "
                                        "which marks it as a pad; a prompt counts from 0"),
+        (np.where(want > 0, want, -1), "the first real token got a negative position too: position "
+                                       "0 is a real token, so the test for a real position is >= 0, "
+                                       "not > 0"),
         (np.where(cols - start + 1 >= 0, cols - start + 1, -1),
          "off by one: each prompt's first real token got 1 (and the pad just before it 0, read as a "
          "token): a prompt's first real token is at position 0"),
