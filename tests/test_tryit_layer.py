@@ -266,3 +266,32 @@ def test_guarded_refuses_an_instance_of_a_package_class():
     module = MultiHeadAttention(8, 2, seed=0)
     with pytest.raises(NotYet, match="MultiHeadAttention"):
         guarded(module, np.zeros((1, 3, 8)))
+
+
+CELL = '''
+from mha import masks, kv_cache
+from mha.masks import sliding_window_mask as swm
+from mha.tryit import reached_in_cell
+from mha.tryit.attention_from_scratch import check_window_mask
+
+allowed = swm(8, 3)
+by_alias = reached_in_cell((masks,))
+cache = kv_cache.KVCache(1, 2, 16, 4)
+answer = cache.nbytes
+by_property = reached_in_cell((kv_cache,))
+nothing = reached_in_cell((masks.causal_mask_for_lengths,)) if hasattr(masks, "x") else []
+verdict = check_window_mask(allowed, T=8, window=3)
+'''
+
+
+def test_a_value_answer_computed_with_the_package_in_the_calling_cell_is_seen(tmp_path):
+    path = tmp_path / "cell.py"
+    path.write_text(CELL)
+    spec = importlib.util.spec_from_file_location("student_cell_2", path)
+    cell = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(cell)
+    assert "mha.masks.sliding_window_mask" in cell.by_alias
+    assert "mha.kv_cache.KVCache" in cell.by_property
+    assert any(ref.endswith(".nbytes") for ref in cell.by_property)
+    assert cell.nothing == []
+    assert not cell.verdict.ok and "sliding_window_mask" in cell.verdict, cell.verdict

@@ -21,13 +21,17 @@ in `tests/self_checks/`:
 
 from __future__ import annotations
 
+import ast
+import dis
 import functools
+import inspect
 import itertools
 import linecache
 import math
 import os
-from collections.abc import Callable, Iterable, Sequence
-from types import TracebackType
+import sys
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from types import CodeType, FrameType, ModuleType, TracebackType
 from typing import Any, NoReturn
 
 import numpy as np
@@ -253,6 +257,149 @@ def guarded(fn: Callable[..., Any], *args: Any, forbid: tuple | None = None, all
     return result
 
 
+def _students_frame() -> FrameType | None:
+    """The frame of the student's code that called the check (a notebook cell, a script)."""
+    frame = sys._getframe(1)
+    while frame is not None and not _is_students(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame
+
+
+def _named_objects(code: CodeType, frame: FrameType) -> Iterator[Any]:
+    """Every object a chain `name.attr.attr` in `code` names, resolved in the frame's
+    namespace (modules and classes followed statically: no property runs)."""
+    from ..integrity import _nested
+
+    space = {**frame.f_builtins, **frame.f_globals, **frame.f_locals}
+    for inner in _nested(code):
+        current: Any = None
+        for ins in dis.get_instructions(inner):
+            if ins.opname in ("LOAD_NAME", "LOAD_GLOBAL", "LOAD_DEREF", "LOAD_FAST",
+                              "LOAD_CLOSURE"):
+                name = ins.argval if isinstance(ins.argval, str) else ""
+                current = space.get(name, frame.f_locals.get(name))
+                if current is not None:
+                    yield current
+            elif ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and current is not None:
+                owner = current if isinstance(current, ModuleType) or inspect.isclass(current) \
+                    else type(current)
+                try:
+                    current = inspect.getattr_static(owner, ins.argval)
+                except AttributeError:
+                    current = None
+                if isinstance(current, staticmethod | classmethod):
+                    current = current.__func__
+                if isinstance(current, property):
+                    current = current.fget
+                if current is not None:
+                    yield current
+            elif not ins.opname.startswith(("CACHE", "PRECALL", "PUSH_NULL", "EXTENDED_ARG")):
+                current = None
+
+
+def _answer_codes(frame: FrameType) -> list[CodeType]:
+    """The code that made the answer: the arguments of the check call on the frame's line, and
+    (followed back through the cell) the last assignment of each name they use and the
+    functions they call; the whole cell where its source cannot be read."""
+    filename = frame.f_code.co_filename
+    text = "".join(linecache.getlines(filename))
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return [frame.f_code]
+    line = frame.f_lineno
+    calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <=
+             (n.end_lineno or n.lineno) and getattr(n.func, "attr", getattr(n.func, "id", ""))
+             .startswith("check_")]
+    if not calls:
+        return [frame.f_code]
+    parts: list[ast.AST] = [*calls[-1].args, *(k.value for k in calls[-1].keywords)]
+    defs: dict[str, list[ast.stmt]] = {}
+    for stmt in ast.walk(tree):
+        if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign) and stmt.lineno < line:
+            targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+            for t in targets:
+                for n in ast.walk(t):
+                    if isinstance(n, ast.Name):
+                        defs.setdefault(n.id, []).append(stmt)
+        elif isinstance(stmt, ast.FunctionDef | ast.ClassDef) and stmt.lineno < line:
+            defs.setdefault(stmt.name, []).append(stmt)
+    seen: set[str] = set()
+    queue = list(parts)
+    statements: list[ast.stmt] = []
+    while queue:
+        node = queue.pop()
+        for n in ast.walk(node):
+            if isinstance(n, ast.Name) and n.id not in seen and n.id in defs:
+                seen.add(n.id)
+                stmt = max(defs[n.id], key=lambda d: d.lineno)  # the last one before the call
+                statements.append(stmt)
+                queue.append(stmt)
+    codes = []
+    for part in parts:
+        codes.append(compile(ast.Expression(part), filename, "eval"))
+    if statements:
+        module = ast.Module(body=sorted(statements, key=lambda d: d.lineno), type_ignores=[])
+        codes.append(compile(module, filename, "exec"))
+    return codes
+
+
+def reached_in_cell(forbid: tuple, allow: tuple = ()) -> list[str]:
+    """The package functions and classes in `forbid` that the student's calling cell names.
+
+    A value answer (a number, a mask) cannot run under the guard, so the code that made it is
+    read instead: the check call's arguments and, back through the calling cell, the last
+    assignment of each name they use (and the functions they call). Each name chain in it
+    (`masks.padding_mask`, an alias imported earlier, `KVCache(...).nbytes`) is resolved in the
+    cell's namespace to the object it names, and objects of the forbidden package code are
+    reported by their dotted name. Code that made the answer in an earlier cell is not seen.
+    """
+    from ..integrity import _codes_of, _dotted, _is_package
+
+    frame = _students_frame()
+    if frame is None:
+        return []
+    answer_codes = _answer_codes(frame)
+    codes: set[CodeType] = set()
+    files: set[str] = set()
+    for f in forbid:
+        c, fl = _codes_of(f)
+        codes |= c
+        files |= fl
+    allowed: set[CodeType] = set()
+    for a in allow:
+        allowed |= _codes_of(a)[0]
+    found: list[str] = []
+    objects = itertools.chain.from_iterable(_named_objects(c, frame) for c in answer_codes)
+    for obj in objects:
+        if isinstance(obj, ModuleType):
+            continue
+        target = inspect.unwrap(obj) if callable(obj) else obj
+        code = getattr(target, "__code__", None)
+        if code is not None:
+            if code in allowed or not (code in codes or code.co_filename in files):
+                continue
+            ref = _dotted(code)
+        elif inspect.isclass(target) and (ref := _is_package(target)):
+            module_file = os.path.abspath(getattr(sys.modules.get(target.__module__), "__file__",
+                                                  "") or "")
+            if target not in forbid and module_file not in files:
+                continue
+        else:
+            continue
+        if ref not in found:
+            found.append(ref)
+    return found
+
+
+def refuse_if_reached(forbid: tuple, rule: str, allow: tuple = ()) -> None:
+    """NotYet when the calling cell names package code in `forbid` (see reached_in_cell)."""
+    found = reached_in_cell(forbid, allow)
+    if found:
+        not_yet(f"{rule}: this cell uses the package's own {', '.join(found)}, so the answer is "
+                f"the package's, not yours")
+
+
 # --- How a wrong answer relates to the right one -------------------------------------------
 
 
@@ -339,6 +486,8 @@ def _bracket(r: float) -> str:
     words = _ratio_words(r)
     if words.startswith("exactly"):
         return words
+    if r == 0:
+        return "zero, not"
     if r < 0:
         return "of the opposite sign to"
     lo = 2.0 ** math.floor(math.log2(r))

@@ -6,7 +6,18 @@ from typing import Any
 
 import numpy as np
 
-from . import first_match, mask_verdict, not_tried, not_yet, read_mask, relate, right, self_check
+from .. import compose, masks
+from . import (
+    first_match,
+    mask_verdict,
+    not_tried,
+    not_yet,
+    read_mask,
+    refuse_if_reached,
+    relate,
+    right,
+    self_check,
+)
 
 
 def _band(T: int, back: int, ahead: int) -> np.ndarray:
@@ -117,6 +128,9 @@ _USE = {"bool": "", "0/1": "; it holds 0/1 numbers, and masked_softmax wants boo
                     "pass it as allowed == 0 (not .astype(bool), which would invert it)"}
 
 
+_WINDOW_BUILDERS = (masks, compose)  # the package's own window masks
+
+
 @self_check
 def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
     """Say right, or which mistake the mask of a moving average over `window` tokens makes."""
@@ -137,6 +151,7 @@ def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
     if got.shape != want.shape:
         not_yet(relate(got, want, "allowed"))
     if np.array_equal(got, want):
+        refuse_if_reached(_WINDOW_BUILDERS, "this Try-it asks you to build the mask with numpy")
         return right(f"row t sees keys t-{window - 1} .. t (fewer at the start), so "
                      f"masked_softmax(zeros, allowed) spreads 1/{window} over the last {window} "
                      f"tokens: a moving average{_USE[convention]}")

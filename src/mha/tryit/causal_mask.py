@@ -6,9 +6,19 @@ from typing import Any
 
 import numpy as np
 
-from .. import checks, steps
+from .. import checks, compose, masks, steps
 from ..numpy_mha import MultiHeadAttention
-from . import first_match, mask_verdict, not_tried, not_yet, read_mask, relate, right, self_check
+from . import (
+    first_match,
+    mask_verdict,
+    not_tried,
+    not_yet,
+    read_mask,
+    refuse_if_reached,
+    relate,
+    right,
+    self_check,
+)
 from .attention_from_scratch import weights_not_mask
 
 
@@ -101,6 +111,9 @@ def _unlisted(mine: np.ndarray, answer: Any, want: np.ndarray) -> str:
             f"key{'s' * (n != 1)} {np.flatnonzero(mine[t]).tolist()}")
 
 
+_WINDOW_BUILDERS = (masks, compose)  # the package's own window masks
+
+
 @self_check
 def check_window(my_window: Any, T: int = 6) -> str:
     """Say right, or which mistake the (T, T) mask makes: keys t-2, t-1, t allowed, nothing else."""
@@ -118,6 +131,8 @@ def check_window(my_window: Any, T: int = 6) -> str:
     if mine.shape != want.shape:
         not_yet(relate(mine, want, "my_window"))
     if np.array_equal(mine, want):
+        refuse_if_reached(_WINDOW_BUILDERS, "this Try-it asks you to build the window from "
+                                            "steps.causal_mask with one more numpy call")
         return right(f"keys t-2, t-1, t for every query t{_USE[convention]}. In the module: "
                      f"{_after_module(mine, T)}")
     why = first_match(mine, _mistakes(T))

@@ -11,17 +11,12 @@ Each check returns its verdict (a `Verdict`); a number that fits several slips n
 
 from __future__ import annotations
 
-import ast
 import inspect
-import linecache
 import math
-import os
-import re
-import sys
 from collections.abc import Callable
 from typing import Any
 
-from ..integrity import _PKG_DIR
+from .. import kv_cache
 from . import (
     as_number,
     describe_number,
@@ -29,6 +24,7 @@ from . import (
     guarded,
     not_tried,
     not_yet,
+    refuse_if_reached,
     right,
     self_check,
 )
@@ -46,31 +42,6 @@ _WHY = {  # what each argument is, said when the formula does not grow with it a
     "d_k": "each cached key and value is a vector of d_k numbers per head",
     "itemsize": "each number takes itemsize bytes, and that depends on the dtype",
 }
-
-
-_PACKAGE_CACHE = re.compile(r"KVCache|kv_cache\s*\.|decode_step_cost|\bcache\b")
-
-
-def _answer_source(name: str = "answer") -> str | None:
-    """The right-hand side of the last `answer = ...` in the code that called the check
-    (a notebook cell or a script), or None where it cannot be read."""
-    frame = sys._getframe(1)
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PKG_DIR):
-        frame = frame.f_back  # up past this package's frames (the check, @self_check)
-    if frame is None:
-        return None
-    text = "".join(linecache.getlines(frame.f_code.co_filename))
-    try:
-        tree = ast.parse(text)
-    except (SyntaxError, ValueError):
-        return None
-    found = None
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assign) and node.lineno <= frame.f_lineno and any(
-                isinstance(t, ast.Name) and t.id == name for t in node.targets):
-            if found is None or node.lineno > found.lineno:
-                found = node
-    return None if found is None else ast.get_source_segment(text, found.value)
 
 
 def _bytes(B: int, h: int, max_len: int, d_k: int, itemsize: int) -> int:
@@ -140,11 +111,10 @@ def check_cache_bytes(answer: Any, B: int = 1, h: int = 8, max_len: int = 1024, 
     got = as_number(answer, "the cache's size")
     want = _bytes(B, h, max_len, d_k, itemsize)
     if got == want:
-        made = _answer_source()
-        if made is not None and _PACKAGE_CACHE.search(made):
-            not_yet(f"`answer = {made:.60}` asks the package's cache for its size, the reference "
-                    f"this exercise is checked against: count the bytes from the formula yourself "
-                    f"(by hand, or with numbers in your own expression)")
+        refuse_if_reached((kv_cache,), "count the bytes from the formula yourself (by hand, or "
+                          "with numbers in your own expression): KVCache(...).nbytes and the "
+                          "package's cost functions are the reference this exercise is checked "
+                          "against")
         return right(f"{want:,} bytes = {want / 2**20:g} MiB: K and V, each {want // 2 // itemsize:,} "
                      f"numbers of {itemsize} bytes")
     said = first_match(got, _number_mistakes(B, h, max_len, d_k, itemsize),
