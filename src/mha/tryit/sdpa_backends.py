@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import difflib
+import math
 import re
 from typing import Any
 
@@ -50,6 +51,12 @@ def _size_mistakes(B: int, h: int, T: int, S: int, itemsize: int) -> list[tuple[
                               "bfloat16 number takes 2 bytes, and the math path writes the whole "
                               "T x T matrix"),
         (nbytes / 2**40, "that is TiB (2**40 bytes): the answer is wanted in GiB"),
+        (numbers * (itemsize + 1) / 2**30, "that adds a one-byte mask per entry (what the math "
+                                           "path's safe softmax builds beside the scores): the "
+                                           "question asks for the score matrix alone"),
+        (numbers * (itemsize + 4) / 2**30, "that adds a float32 copy of every entry (softmax "
+                                           "weights kept in float32): the question asks for one "
+                                           "bfloat16 score matrix"),
         (k8 / 2**30, "that takes T = 8000: 8192 tokens is 8 * 1024, not 8 * 1000"),
         (k8 / 1e9, "that takes T = 8000 and GB (10**9 bytes): T is 8192 = 8 * 1024 and a GiB "
                    "is 2**30 bytes"),
@@ -79,7 +86,9 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
                 f"KiB, MiB) or of numbers; a GiB is 2**30 bytes")
     said = describe_number(got, want, "gib", FACTORS, rtol=0.01)
     if "off by" in said:  # a few GiB too many is a wrong factor here, not an off-by-one
-        said = f"gib is {got / want:.3g} times the right value, a ratio none of the usual slips gives"
+        k = math.floor(math.log2(got / want))
+        lo, hi = (f"{2**k}" if k >= 0 else f"1/{2**-k}"), (f"{2**(k + 1)}" if k >= -1 else f"1/{2**(-k - 1)}")
+        said = f"gib is between {lo} and {hi} times the right value, a ratio none of the usual slips gives"
     not_yet(f"{said}. Count B * h * T * T numbers, the bytes of one bfloat16 number, and 2**30 "
             f"bytes to a GiB")
 
