@@ -58,6 +58,15 @@ def _mistakes(T: int, window: int) -> list[tuple[np.ndarray, str]]:
                                f"sees keys t+1 .. t+{back}; a moving average of the last "
                                f"{window} tokens sees none after t"),
         (_band(T, 0, 0), "that is the diagonal alone: every token averages only itself"),
+        (_band(T, T, 0) & ~want, f"that is the rest of the past, the complement of the window: "
+                                 f"row t sees the keys more than {back} steps back and not the "
+                                 f"last {window} (a tril offset with the wrong sign, or the "
+                                 f"window inverted inside the causal mask?)"),
+        (_band(T, T, 0) & ~_band(T, back - 1, 0), f"that keeps the keys at least {back} steps "
+                                                  f"back, older than the window, and drops the "
+                                                  f"recent ones: a tril offset of -{back} "
+                                                  f"keeps keys s <= t - {back}; the window is "
+                                                  f"t - {back} <= s <= t"),
         (np.ones((T, T), dtype=bool), "that mask allows everything: no mask at all, every row "
                                       f"averages all {T} tokens, the future included"),
         (short, f"rows 0 .. {back - 1} see no key at all: a slice like [t - {back} : t + 1] "
@@ -76,7 +85,9 @@ def _rules(got: np.ndarray) -> str | None:
     empty = np.flatnonzero(~got.any(axis=-1))
     if not got.any():
         return ("that mask allows nothing: every row is False, so no token has anything to "
-                "average (masked_softmax gives a row of zeros)")
+                "average (masked_softmax gives a row of zeros); an empty mask usually comes "
+                "from a tril / triu offset with the wrong sign, or from & of two masks that do "
+                "not overlap")
     if len(future):
         t, s = (int(i) for i in future[0])
         return (f"row {t} sees key {s}, after the query: the future; a moving average looks "
