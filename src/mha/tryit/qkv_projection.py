@@ -140,6 +140,10 @@ def _judge_q(my_q: Any, qkv: np.ndarray, q2: Any) -> str:
         if q2 is not None and my_q is q2:
             not_yet("my_q is q2, the lesson's own np.split of qkv: cut q out of qkv yourself, "
                     "with a reshape and an index")
+        if isinstance(my_q, list | tuple):
+            not_yet("my_q holds q's numbers, as a list: a list cannot show where it was cut "
+                    "from, so give the array itself (the view of qkv your reshape and index "
+                    "make), not .tolist()")
         if not np.shares_memory(got, qkv):
             not_yet("my_q holds q's numbers but shares no memory with qkv, so it was not cut "
                     "out of it: it is q itself (my_q = q), q computed again, or a copy "
