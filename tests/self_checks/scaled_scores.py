@@ -18,6 +18,7 @@ CASES = [
                       lambda: (15.9, DIVISOR), lambda: (16.5, 31.5)],  # read off a measurement
          untried=lambda: (None, None),
          wrong={"variance of one entry": lambda: (4, DIVISOR),
+                "swapped": lambda: (DIVISOR, VARIANCE),
                 "is Var(q.k) for unit-variance inputs, unscaled": lambda: (64, DIVISOR),
                 "before the scale": lambda: (1024, DIVISOR),
                 "forgets two things": lambda: (256, DIVISOR),

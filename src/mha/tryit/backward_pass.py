@@ -67,6 +67,16 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
                                 "keeps only J's diagonal, w_i (1 - w_i), and drops every "
                                 "off-diagonal -w_i w_j. The outer product of one row is an (S, S) "
                                 "matrix, (B, h, T, S, S) for all rows"),
+            (w * g - w * w * g.sum(-1, keepdims=True),
+             "w * w (the squares of one row) where the outer product w w^T belongs: your J has "
+             "-w_j^2 in every row of column j, not -w_i w_j; the off-diagonal entry pairs the "
+             "row's weight with the column's. The outer product of one row is an (S, S) matrix"),
+            (w * (w - (w * w).sum(-1, keepdims=True)),
+             "the weights where the upstream gradient belongs: J was applied to the weights, not "
+             "to dweights (the gradient arriving from the next step)"),
+            (g * (w - wg), "the two arguments swapped: yours treats dweights as the weights and "
+                           "the weights as dweights; the function is called as (dweights, "
+                           "weights), in that order"),
             (w * (g + wg), "the outer product's sign: J = diag(w) + w w^T where the minus belongs "
                            "(the off-diagonal entries of softmax's Jacobian are -w_i w_j)"),
             (wg * (1 - w), "diag(w) without its identity: w_i stood in every column of row i's J, "

@@ -151,9 +151,14 @@ def check_variance_and_divisor(my_variance: Any, my_divisor: Any, sigma2: float 
     if my_variance is None:
         _judge_divisor(my_divisor, sigma2, d_k)
         return not_tried("the divisor is right; now write my_variance")
+    var, div = sigma2**2, sigma2 * math.sqrt(d_k)
+    pair = [as_number(a, n) for a, n in ((my_variance, "my_variance"), (my_divisor, "my_divisor"))]
+    if var != div and math.isclose(pair[0], div, rel_tol=0.05) and \
+            math.isclose(pair[1], var, rel_tol=0.05):
+        not_yet("the two answers are swapped: each is right for the other question (my_variance "
+                "is the variance of q.k / sqrt(d_k); my_divisor is what q.k is divided by)")
     judge_parts(my_variance=lambda: _judge_variance(my_variance, sigma2, d_k),
                 my_divisor=lambda: _judge_divisor(my_divisor, sigma2, d_k))  # NotYet unless both
-    var, div = sigma2**2, sigma2 * math.sqrt(d_k)
     return right(f"Var(q_i k_i) = {sigma2:g} * {sigma2:g} = {var:g}, so q.k / sqrt(d_k) has "
                  f"variance {var:g} (measured here: {_measured_variance(sigma2, d_k):.2f}); "
                  f"dividing q.k by sigma^2 sqrt(d_k) = {div:g} brings it back to 1")
