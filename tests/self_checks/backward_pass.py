@@ -49,7 +49,14 @@ CASES = [
                       lambda: (lambda g, w: torch.from_numpy(right_by_einsum(g, w)),),
                       lambda: (lambda g, w: right_by_einsum(g, w).tolist(),),
                       lambda: (lambda g, w: right_by_einsum(g.astype(np.float32), w.astype(np.float32)),)],
-         wrong={"kept only diag(w)":  # J = w * eye: the -w w^T term missing
+         wrong={"the two arguments swapped":
+                lambda: (lambda w, g: np.einsum("...ij,...i->...j", jacobian(w), g),),
+                "the weights where the upstream gradient belongs":
+                lambda: (lambda g, w: np.einsum("...ij,...i->...j", jacobian(w), w),),
+                "squares of one row":  # J_ij = w_i delta_ij - w_j^2
+                lambda: (lambda g, w: np.einsum("...ij,...i->...j", w[..., :, None] * np.eye(
+                    w.shape[-1]) - (w * w)[..., None, :], g),),
+                "kept only diag(w)":  # J = w * eye: the -w w^T term missing
                 lambda: (lambda g, w: np.einsum("...ij,...i->...j",
                                                 w[..., :, None] * np.eye(w.shape[-1]), g),),
                 "sign flipped": lambda: (lambda g, w: np.einsum("...ij,...i->...j", -jacobian(w), g),),
