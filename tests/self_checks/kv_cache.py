@@ -31,6 +31,7 @@ CASES = [
          right_forms=[lambda: (4194304.0,), lambda: (np.int64(RIGHT),), lambda: (torch.tensor(RIGHT),),
                       lambda: (4 * 2**20,), lambda: (formula(lambda B, h, n, d, i: 2 * B * h * n * d * i),)],
          wrong={  # one number that fits several slips names them all (issue 27: float16 was told "K alone")
+                "counts max_len - 1 where max_len = 1024": lambda: (2 * 8 * 1023 * 64 * 4,),
                 "K alone (or V alone): the cache holds both; or that is 2 bytes per number (float16 "
                 "or bfloat16); the question is float32; or that halves the cache for the causal mask":
                     lambda: (2_097_152,),
@@ -65,6 +66,7 @@ CASES = [
                       lambda: (lambda B, h, max_len, d_k, itemsize: 2 * B * h * max_len * d_k * itemsize,)],
          untried=lambda: (placeholder,),
          wrong={"itemsize doubles": lambda: (formula(lambda B, h, n, d, i: B * h * n * d * 8),),  # no V, float64
+                "counts max_len - 1": lambda: (formula(lambda B, h, n, d, i: 2 * B * h * (n - 1) * d * i),),
                 "K alone (or V alone): the cache holds both; or it halves the cache for the causal":
                     lambda: (formula(lambda B, h, n, d, i: B * h * n * d * i),),
                 "B doubles": lambda: (formula(lambda B, h, n, d, i: 2 * h * n * d * i),),

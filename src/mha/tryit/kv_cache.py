@@ -54,7 +54,7 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
     """Typical wrong byte counts at one size, each with its slip (several may share a value)."""
     numbers = B * h * max_len * d_k  # entries of K alone
     want = 2 * numbers * itemsize
-    return [
+    listed = [
         (numbers * itemsize, "that is K alone (or V alone): the cache holds both"),
         (2 * numbers * 2, "that is 2 bytes per number (float16 or bfloat16); the question is "
                           "float32"),
@@ -84,6 +84,14 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
         (2 * B * h * max_len * itemsize, "that leaves out d_k: each cached key and value is a "
                                          "vector of d_k numbers per head"),
     ]
+    sizes = dict(B=B, h=h, max_len=max_len, d_k=d_k)
+    for name, value in sizes.items():  # one size off by one: max_len - 1 slots, d_k + 1, ...
+        for step in (-1, 1):
+            if value + step > 0:
+                off = _bytes(**{**sizes, name: value + step}, itemsize=itemsize)
+                listed.append((off, f"that counts {name} {'-' if step < 0 else '+'} 1 where "
+                                    f"{name} = {value} belongs (an off-by-one in one size)"))
+    return listed
 
 
 FACTORS = {"2 (K and V)": 2, "8 (bits per byte)": 8}
@@ -214,6 +222,12 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
     if all(math.isclose(r, 1.0, rel_tol=1e-9) for r in grown.values()):
         not_yet(f"{name} returns the same number whatever the sizes: compute the bytes from its "
                 f"five arguments")
+    for a in ARGS[:-1]:  # one size off by one at every size: max_len - 1 slots, ...
+        for step in (-1, 1):
+            if all(fn_at == _bytes(**{**at, a: at[a] + step}) for fn_at, at in
+                   ((base, BASE), (at_case, CASE))):
+                not_yet(f"{name} counts {a} {'-' if step < 0 else '+'} 1 where {a} belongs (an "
+                        f"off-by-one in one size): {_WHY[a]}")
     told = _growth_story(grown)
     if told:
         not_yet(f"{name} " + "; and it ".join(told))
