@@ -81,10 +81,21 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
         not_yet(named)
     if got <= 0:
         not_yet(f"gib must be positive: a matrix takes room, got {got:g}")
+    qkv_size = None
+    for unit in (2**30, 1e9):  # a (T, d) matrix: the size of Q, K or V, not of the scores
+        width = got * unit / (B * h * T * itemsize)
+        if width in (16, 32, 64, 80, 96, 128, 256):
+            qkv_size = (f"that is a (T, {width:g}) matrix per head, the size of Q, K or V for a "
+                        f"head width of {width:g}: the scores pair every query with every key, "
+                        f"T x T" + ("" if unit == 2**30 else "; and that is GB (10**9 bytes), "
+                                                            "not GiB"))
     if got > 500 * want:
         not_yet(f"{got:g} is far too big for GiB: that looks like a count in a small unit (bytes, "
                 f"KiB, MiB) or of numbers; a GiB is 2**30 bytes")
     said = describe_number(got, want, "gib", FACTORS, rtol=0.01)
+    if qkv_size is not None:
+        not_yet(f"two slips give this value: {qkv_size}; or {said}" if "factor" in said
+                else qkv_size)
     if "off by" in said:  # a few GiB too many is a wrong factor here, not an off-by-one
         k = math.floor(math.log2(got / want))
         lo, hi = (f"{2**k}" if k >= 0 else f"1/{2**-k}"), (f"{2**(k + 1)}" if k >= -1 else f"1/{2**(-k - 1)}")
