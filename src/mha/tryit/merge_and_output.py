@@ -64,6 +64,9 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
                                  "forbidden too"),
         (T - 1, f"{T - 1} counts the zeros of row 0 only (or one per row but the last): "
                 f"count every row, each forbids the keys after its query"),
+        (T * T // 2, f"{T * T // 2} is half of the T x T weights: the diagonal belongs to the "
+                     f"allowed side (each query sees itself), so the forbidden ones are fewer "
+                     f"than half"),
     ]
 
 
@@ -143,6 +146,8 @@ def check_favoured_keys(answer: Any, T: int = 6) -> str:
                   f"rows of one head"),
         (D_MODEL * T, f"{D_MODEL * T} counts the rows of all {D_MODEL} heads: the question is "
                       f"how many different keys one head's rows point at"),
+        (T * T, f"{T * T} = T x T counts every (query, key) weight: the question is how many "
+                f"different keys win a row"),
     ]
     mistake = first_match(np.asarray(got), mistakes)
     if mistake is not None:
@@ -151,5 +156,6 @@ def check_favoured_keys(answer: Any, T: int = 6) -> str:
         not_yet(f"every row favours some key, so the count is at least 1, got {got}")
     if got > T:
         not_yet(f"a head has only {T} keys, so its rows cannot favour {got} different ones")
-    not_yet(f"{got} keys: write the score as q_t times k_s and ask which key wins a row when q_t "
-            f"is positive, and which when it is negative")
+    not_yet(f"{got} keys: which key wins a row? The one with the largest q_t k_s; for a fixed q_t "
+            f"that is a straight line in k_s, so it peaks at one end of the keys' range, never in "
+            f"the middle. Which end, when q_t is positive, and when it is negative?")
