@@ -59,7 +59,7 @@ CASES = [
                 # not in the old table
                 "rows of all 16 heads": lambda: (96,),
                 "cannot favour 7": lambda: (7,),
-                "which key wins a row when": lambda: (4,)},
+                "never in the middle": lambda: (4,)},
          garbage=[lambda: ("two",), lambda: (2.5,), lambda: ([2, 3],), lambda: (float("inf"),)],
          secret=["the largest k or the one with the smallest"]),
 ]
