@@ -33,13 +33,15 @@ CASES = [
                 # not in the old table: each used to get one fixed hint
                 "1 of 2 parts right": lambda: ((27, 8),),  # skipped off by one, partial right
                 "partial count is off by 2": lambda: ((20, 10),),
-                "skipped count is between 1/4 and 1/2 times": lambda: ((10, 3),),
+                "example in the question": lambda: ((10, 3),),
+                "skipped count is between 1/4 and 1/2 times": lambda: ((11, 3),),
                 "below the diagonal counted as skipped too": lambda: ((56, 8),),
                 "tiles next to the diagonal": lambda: ((28, 15),),
                 "7 x 7 grid": lambda: ((21, 7),),  # 64 / 8 read as 7 blocks
                 "16 x 16 grid": lambda: ((120, 16),),  # blocks of 4
                 "a third kind is left out": lambda: ((32, 32),),
-                "exactly 2 times": lambda: ((28, 16),),  # two cut tiles per row
+                "two partly masked tiles in every row": lambda: ((28, 16),),
+                "exactly 2 times": lambda: ((56, 3),),
                 "factor n = 8 (blocks a side) too small": lambda: ((28, 1),),
                 "nothing skipped": lambda: ((0, 8),),
                 "without the causal mask": lambda: ((0, 0),),

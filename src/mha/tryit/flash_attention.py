@@ -104,6 +104,12 @@ def _mistakes(n: int, T: int, block: int) -> list[tuple[tuple[float, float], str
         ((above, 2 * on - 1), "the tiles next to the diagonal counted as partly masked: with square "
                               "blocks aligned to the diagonal the staircase cuts only the diagonal "
                               "tiles; the one just below is wholly visible (FULL)"),
+        ((above, 2 * on), "two partly masked tiles in every row of query blocks: with square "
+                          "blocks aligned to the diagonal the staircase cuts one tile per row, the "
+                          "one on the diagonal; the tile beside it is wholly visible or wholly "
+                          "skipped"),
+        ((10, 3), "that is the example in the question, (10, 3), which only shows the form: count "
+                  "the tiles of this grid"),
         ((0, on), "nothing skipped? A tile whose keys all come after all its queries holds only "
                   "forbidden pairs, so the loop never computes it (the `break`)"),
         ((0, 0), "that is attention without the causal mask: every tile computed in full; with it, "
