@@ -38,6 +38,14 @@ def built(make):
     return lambda lengths, T: make(*pieces(lengths, T))
 
 
+def left_padded(lengths, T):
+    """The right mask for a batch padded on the left: pads first, real tokens last."""
+    pos = np.arange(T)
+    real = pos[None, :] >= T - np.asarray(lengths)[:, None]  # (B, T)
+    tri = pos[None, :] <= pos[:, None]  # (T, S)
+    return real[:, None, None, :] & real[:, None, :, None] & tri
+
+
 def one_flipped(lengths, T):
     """The right mask with one real key hidden: a mistake no table lists."""
     m = by_hand(lengths, T)
@@ -70,6 +78,7 @@ CASES = [
                       lambda: (lambda lengths, T: pieces(lengths, T)[3] & pieces(lengths, T)[4]
                                & steps.causal_mask(T),)],  # steps may give the triangle
          wrong={"query term is missing": lambda: (built(lambda real, le, tri, keys, rows: keys & tri),),
+                "that is left padding": lambda: (left_padded,),
                 "off by one:": lambda: (built(lambda real, le, tri, keys, rows:
                                               le[:, None, None, :] & le[:, None, :, None] & tri),),
                 "off by one on the query term": lambda: (built(lambda real, le, tri, keys, rows:

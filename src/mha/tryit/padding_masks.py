@@ -70,6 +70,7 @@ def _mistakes(lengths: Sequence[int], T: int) -> list[tuple[np.ndarray, str]]:
     short = np.arange(T)[None, :] < np.asarray(lengths)[:, None] - 1  # (B, T): one too few real
     b = int(np.argmin(lengths))
     n = int(lengths[b])
+    left = np.arange(T)[None, :] >= T - np.asarray(lengths)[:, None]  # (B, T): pads first
     return [
         (keys & tri, f"the query term is missing: padded queries still attend (sequence {b}, "
                      f"length {n}: its padded query {n} sees key 0). The real rows are right, since "
@@ -101,6 +102,12 @@ def _mistakes(lengths: Sequence[int], T: int) -> list[tuple[np.ndarray, str]]:
         (np.broadcast_to(keys, keys.shape[:2] + tri.shape),
          "only the key term: padded keys are hidden, but the causal triangle is missing (real "
          "queries see later keys) and so is the query term (padded queries attend)"),
+        (left[:, None, None, :] & left[:, None, :, None] & tri,
+         "that is left padding: the pads at the start of each row and the real tokens at the end; "
+         "this batch is padded on the right (the real tokens first, lengths[b] of them)"),
+        (left[:, None, None, :] & tri, "that treats the pads as sitting at the start of each row "
+                                       "(left padding) and leaves the padded queries open; this "
+                                       "batch is padded on the right"),
     ]
 
 
