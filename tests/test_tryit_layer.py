@@ -295,3 +295,23 @@ def test_a_value_answer_computed_with_the_package_in_the_calling_cell_is_seen(tm
     assert any(ref.endswith(".nbytes") for ref in cell.by_property)
     assert cell.nothing == []
     assert not cell.verdict.ok and "sliding_window_mask" in cell.verdict, cell.verdict
+
+
+def test_in_ipython_an_answer_made_in_an_earlier_cell_is_followed_there():
+    from IPython.core.interactiveshell import InteractiveShell
+
+    shell = InteractiveShell.instance()
+    try:
+        for cell in ("import numpy as np\nfrom mha import kv_cache\n"
+                     "from mha.tryit import kv_cache as tryit",
+                     "cache = kv_cache.KVCache(1, 8, 1024, 64, dtype=np.float32)",
+                     "n = cache.nbytes",
+                     "by_package = tryit.check_cache_bytes(n)",
+                     "m = 2 * 8 * 1024 * 64 * 4",
+                     "by_hand = tryit.check_cache_bytes(m)"):
+            assert shell.run_cell(cell, store_history=True).success, cell
+        by_package, by_hand = shell.user_ns["by_package"], shell.user_ns["by_hand"]
+        assert not by_package.ok and "KVCache" in by_package, by_package
+        assert by_hand.ok, by_hand
+    finally:
+        InteractiveShell.clear_instance()

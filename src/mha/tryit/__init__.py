@@ -297,6 +297,32 @@ def _named_objects(code: CodeType, frame: FrameType) -> Iterator[Any]:
                 current = None
 
 
+def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
+    """In a notebook: the expression of the last `name = ...` the kernel ran, and the namespace.
+
+    Read from IPython's input history, so it says what code made a value however it was
+    converted afterwards. Outside IPython, or if no cell assigned `name`: None.
+    """
+    try:
+        from IPython import get_ipython
+    except ImportError:
+        return None
+    ip = get_ipython()
+    if ip is None:
+        return None
+    ns = ip.user_ns
+    for cell in reversed(ns.get("In", [])[-100:]):
+        try:
+            tree = ast.parse(ip.transform_cell(cell))
+        except SyntaxError:
+            continue
+        values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+        if values:
+            return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
+    return None
+
+
 def _answer_codes(frame: FrameType) -> list[CodeType]:
     """The code that made the answer: the arguments of the check call on the frame's line, and
     (followed back through the cell) the last assignment of each name they use and the
@@ -327,15 +353,21 @@ def _answer_codes(frame: FrameType) -> list[CodeType]:
     seen: set[str] = set()
     queue = list(parts)
     statements: list[ast.stmt] = []
+    earlier: list[ast.expr] = []  # made in an earlier cell: IPython's input history says how
     while queue:
         node = queue.pop()
         for n in ast.walk(node):
-            if isinstance(n, ast.Name) and n.id not in seen and n.id in defs:
-                seen.add(n.id)
+            if not isinstance(n, ast.Name) or n.id in seen:
+                continue
+            seen.add(n.id)
+            if n.id in defs:
                 stmt = max(defs[n.id], key=lambda d: d.lineno)  # the last one before the call
                 statements.append(stmt)
                 queue.append(stmt)
-    codes = []
+            elif len(seen) < 20 and (found := last_assignment(n.id)) is not None:
+                earlier.append(found[0])
+                queue.append(found[0])
+    codes = [compile(ast.Expression(e), "<earlier cell>", "eval") for e in earlier]
     for part in parts:
         codes.append(compile(ast.Expression(part), filename, "eval"))
     if statements:
@@ -352,7 +384,9 @@ def reached_in_cell(forbid: tuple, allow: tuple = ()) -> list[str]:
     assignment of each name they use (and the functions they call). Each name chain in it
     (`masks.padding_mask`, an alias imported earlier, `KVCache(...).nbytes`) is resolved in the
     cell's namespace to the object it names, and objects of the forbidden package code are
-    reported by their dotted name. Code that made the answer in an earlier cell is not seen.
+    reported by their dotted name. In a notebook, a name the calling cell does not assign is
+    followed into the cell that last assigned it (IPython's input history); in a script, only
+    the calling file is read.
     """
     from ..integrity import _codes_of, _dotted, _is_package
 
@@ -396,8 +430,8 @@ def refuse_if_reached(forbid: tuple, rule: str, allow: tuple = ()) -> None:
     """NotYet when the calling cell names package code in `forbid` (see reached_in_cell)."""
     found = reached_in_cell(forbid, allow)
     if found:
-        not_yet(f"{rule}: this cell uses the package's own {', '.join(found)}, so the answer is "
-                f"the package's, not yours")
+        not_yet(f"{rule}: the code that made your answer uses the package's own "
+                f"{', '.join(found)}, so the answer is the package's, not yours")
 
 
 # --- How a wrong answer relates to the right one -------------------------------------------

@@ -20,7 +20,16 @@ from typing import Any
 
 import numpy as np
 
-from . import first_match, not_tried, not_yet, read_array, relate, right, self_check
+from . import (
+    first_match,
+    last_assignment,
+    not_tried,
+    not_yet,
+    read_array,
+    relate,
+    right,
+    self_check,
+)
 
 
 class _MeasuredKey(int):
@@ -75,32 +84,6 @@ def _measurement_form(answer: Any, read: Any) -> str | None:
     arr = answer.detach().cpu().numpy() if hasattr(answer, "detach") else answer
     if isinstance(arr, np.ndarray) and isinstance(read, np.ndarray) and np.shares_memory(arr, read):
         return "shares its memory with `read` (a tensor or array made from it)"
-    return None
-
-
-def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
-    """In a notebook: the expression of the last `name = ...` the kernel ran, and the namespace.
-
-    Read from IPython's input history, so it says what code made a value however it was
-    converted afterwards. Outside IPython, or if no cell assigned `name`: None.
-    """
-    try:
-        from IPython import get_ipython
-    except ImportError:
-        return None
-    ip = get_ipython()
-    if ip is None:
-        return None
-    ns = ip.user_ns
-    for cell in reversed(ns.get("In", [])[-100:]):
-        try:
-            tree = ast.parse(ip.transform_cell(cell))
-        except SyntaxError:
-            continue
-        values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
-        if values:
-            return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
     return None
 
 

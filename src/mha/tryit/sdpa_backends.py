@@ -14,8 +14,16 @@ import math
 import re
 from typing import Any
 
-from . import as_number, describe_number, first_match, not_tried, not_yet, right, self_check
-from .attention_that_learns import last_assignment
+from . import (
+    as_number,
+    describe_number,
+    first_match,
+    last_assignment,
+    not_tried,
+    not_yet,
+    right,
+    self_check,
+)
 
 KERNELS = ("flash", "efficient", "cudnn", "math")
 """SDPA's kernels by the short names the lesson uses (mha.bench.BACKENDS)."""
