@@ -104,6 +104,25 @@ def test_lessons_refer_to_one_another_by_links_that_resolve():
                                f"{prose[max(0, plain.start() - 40):plain.end() + 20]!r}")
 
 
+def test_links_to_a_section_of_a_lesson_name_a_heading_it_has():
+    """`12_flash_attention.ipynb#The-logsumexp-merge`: JupyterLab's and nbconvert's anchor of a
+    heading is its text with spaces as dashes."""
+    import re
+
+    import nbformat
+
+    link = re.compile(r"\]\((\d\d_[a-z0-9_]+\.ipynb)#([^)\s]+)\)")
+    anchors: dict[str, set[str]] = {}
+    for stem, text in _lesson_markdown():
+        for path, anchor in link.findall(text):
+            if path not in anchors:
+                cells = nbformat.read(ROOT / "notebooks" / path, as_version=4).cells
+                anchors[path] = {line.lstrip("#").strip().replace(" ", "-")
+                                 for c in cells if c.cell_type == "markdown"
+                                 for line in c.source.splitlines() if line.startswith("#")}
+            assert anchor in anchors[path], f"{stem} links {path}#{anchor}: no such heading"
+
+
 def test_code_names_lessons_by_their_file_and_the_files_exist():
     import re
 
