@@ -174,7 +174,7 @@ def _is_students(filename: str) -> bool:
     return filename.startswith("<") or not os.path.abspath(filename).startswith(_LIBS)
 
 
-def _where_in_students_code(tb: TracebackType | None) -> str | None:
+def where_in_students_code(tb: TracebackType | None) -> str | None:
     """'line 3 of your code: `x = q @ k`' for the last frame of the student's code, or None."""
     found = None
     while tb is not None:
@@ -201,7 +201,7 @@ def self_check(fn: Callable[..., str]) -> Callable[..., Verdict]:
         except NotYet as verdict:
             return Verdict(str(verdict))
         except Exception as err:  # noqa: BLE001 - an error of the student's code becomes a message
-            where = _where_in_students_code(err.__traceback__)
+            where = where_in_students_code(err.__traceback__)
             if where is None:
                 raise  # the checker's own bug: show it, do not blame the student
             text = str(err).strip().splitlines()[0] if str(err).strip() else ""

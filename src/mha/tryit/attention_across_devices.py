@@ -15,7 +15,6 @@ from typing import Any
 
 from . import (
     NotYet,
-    _where_in_students_code,
     as_number,
     describe_number,
     first_match,
@@ -24,6 +23,7 @@ from . import (
     not_yet,
     right,
     self_check,
+    where_in_students_code,
 )
 
 SIZES = ("B", "h", "T", "W", "d_k", "itemsize")
@@ -104,7 +104,7 @@ def _call(fn: Callable, sizes: dict[str, int]) -> int | None:
     except NotYet:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = _where_in_students_code(err.__traceback__)
+        where = where_in_students_code(err.__traceback__)
         if where is None:
             raise
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -23,7 +23,6 @@ from ..diagnose_backward import step_cases
 from ..grad import softmax_backward as _reference  # bound at import: the answer key
 from . import (
     NotYet,
-    _where_in_students_code,
     first_match,
     guarded,
     not_tried,
@@ -32,6 +31,7 @@ from . import (
     relate,
     right,
     self_check,
+    where_in_students_code,
 )
 
 WHAT = ("write the body of my_softmax_backward(dweights, weights): build J = diag(w) - w w^T for "
@@ -144,7 +144,7 @@ def _run(fn: Callable, g: np.ndarray, w: np.ndarray, case: str) -> Any:
     except NotYet:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = _where_in_students_code(err.__traceback__)
+        where = where_in_students_code(err.__traceback__)
         if where is None:
             raise
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -21,7 +21,6 @@ import numpy as np
 from .. import compose
 from . import (
     NotYet,
-    _where_in_students_code,
     first_match,
     guarded,
     not_tried,
@@ -30,6 +29,7 @@ from . import (
     relate,
     right,
     self_check,
+    where_in_students_code,
 )
 
 OTHER_BATCHES: tuple[tuple[tuple[int, ...], int], ...] = (((1, 4), 6), ((4, 1, 4, 2), 4), ((3,), 3))
@@ -184,7 +184,7 @@ def _run(fn: Callable, lengths: Any, T: int) -> Any:
     except NotYet:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = _where_in_students_code(err.__traceback__)
+        where = where_in_students_code(err.__traceback__)
         if where is None:
             raise
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""

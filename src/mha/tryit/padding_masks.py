@@ -20,7 +20,6 @@ import numpy as np
 from .. import steps
 from . import (
     NotYet,
-    _where_in_students_code,
     first_match,
     guarded,
     mask_verdict,
@@ -31,6 +30,7 @@ from . import (
     relate,
     right,
     self_check,
+    where_in_students_code,
 )
 
 LENGTHS = (5, 3, 1)
@@ -225,7 +225,7 @@ def _run(fn: Callable, lengths: Sequence[int], T: int) -> Any:
     except NotYet:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = _where_in_students_code(err.__traceback__)
+        where = where_in_students_code(err.__traceback__)
         if where is None:
             raise
         text = str(err).strip().splitlines()[0] if str(err).strip() else ""

@@ -19,7 +19,6 @@ import numpy as np
 from .. import posenc, steps
 from . import (
     NotYet,
-    _where_in_students_code,
     first_match,
     guarded,
     not_tried,
@@ -28,6 +27,7 @@ from . import (
     relate,
     right,
     self_check,
+    where_in_students_code,
 )
 
 CASE = dict(n_cached=5, t_new=3)  # the lesson's question
@@ -44,7 +44,7 @@ def _call(fn: Callable, n_cached: int, t_new: int) -> Any:
     except NotYet:
         raise
     except Exception as e:  # noqa: BLE001 - a student's function may raise anything
-        where = _where_in_students_code(e.__traceback__)
+        where = where_in_students_code(e.__traceback__)
         text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
         not_yet(f"chunk_positions({n_cached}, {t_new}) raised {type(e).__name__}"
                 f"{': ' + text if text else ''}" + (f" ({where})" if where else ""))

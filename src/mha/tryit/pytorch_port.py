@@ -18,7 +18,6 @@ import numpy as np
 from .. import diagnose
 from . import (
     NotYet,
-    _where_in_students_code,
     all_matches,
     as_array,
     guarded,
@@ -30,6 +29,7 @@ from . import (
     relate,
     right,
     self_check,
+    where_in_students_code,
 )
 
 RULE = ("my_forward must be built from pt_mha's four nn.Linear layers and "
@@ -82,7 +82,7 @@ _PLANTED_IN_TORCH = {  # diagnose names the numpy step; this says it in torch, f
 def _errors(e: Exception, shape: tuple[int, ...]) -> str:
     """What an exception raised by the student's forward most likely means, in torch terms."""
     text = f"{type(e).__name__}: {str(e)[:300]}"
-    where = _where_in_students_code(e.__traceback__)
+    where = where_in_students_code(e.__traceback__)
     at = f" ({where})" if where else ""
     if "view size is not compatible" in text:
         return (f"forward raised {text.split('. Use')[0]}{at}. `.view` cannot merge axes that a "

@@ -17,7 +17,6 @@ import numpy as np
 from .. import steps
 from . import (
     NotYet,
-    _where_in_students_code,
     as_array,
     first_match,
     guarded,
@@ -26,6 +25,7 @@ from . import (
     not_yet,
     relate,
     right,
+    where_in_students_code,
 )
 from . import self_check as _self_check
 
@@ -154,7 +154,7 @@ def _run(fn: Callable, name: str, v: np.ndarray, second: bool) -> Any:
     except NotYet:
         raise
     except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = _where_in_students_code(err.__traceback__)
+        where = where_in_students_code(err.__traceback__)
         hint = (f", on a v of shape {v.shape} (it runs on v_try): read T and the shape from v, "
                 f"not from v_try" if second else f", on v_try of shape {v.shape}")
         not_yet(f"{name}(v) raised {type(err).__name__}: {str(err)[:200]}"
