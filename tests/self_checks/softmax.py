@@ -19,7 +19,8 @@ CASES = [
          right_forms=[lambda: ((2000, 0, 0, 0),), lambda: (np.array([[2000, 0, 0, 0]]),),
                       lambda: (torch.tensor(RIGHT),), lambda: (np.array(RIGHT, np.float32),),
                       lambda: ([0.0, -1600.0],)],  # mean -800: the 0 is 800 above it
-         wrong={"only without any shift": lambda: ([1000.0, 999.0, 998.0],),  # mean 999: top 1
+         wrong={"outlier lies BELOW": lambda: ([-2000.0, 0.0, 0.0, 0.0],),
+                "only without any shift": lambda: ([1000.0, 999.0, 998.0],),  # mean 999: top 1
                 "no overflow": lambda: ([10.0, 0.0],),  # top 5
                 "overflows in float32": lambda: ([300.0, 0.0, 0.0],),  # top 200 > 88.72
                 "all your logits are equal": lambda: ([800.0, 800.0, 800.0],),

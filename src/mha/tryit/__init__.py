@@ -298,29 +298,43 @@ def _named_objects(code: CodeType, frame: FrameType) -> Iterator[Any]:
 
 
 def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
-    """In a notebook: the expression of the last `name = ...` the kernel ran, and the namespace.
+    """The expression of the last `name = ...` the student ran, and the namespace it ran in.
 
-    Read from IPython's input history, so it says what code made a value however it was
-    converted afterwards. Outside IPython, or if no cell assigned `name`: None.
+    In a notebook it is read from IPython's input history, so it says what code made a value
+    however it was converted afterwards; in a script, from the calling file above the line that
+    called the check. None if no such assignment is found.
     """
     try:
         from IPython import get_ipython
     except ImportError:
+        get_ipython = None  # noqa: N806 - IPython is optional
+    ip = get_ipython() if get_ipython is not None else None
+    if ip is not None:
+        ns = ip.user_ns
+        for cell in reversed(ns.get("In", [])[-100:]):
+            try:
+                tree = ast.parse(ip.transform_cell(cell))
+            except SyntaxError:
+                continue
+            values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+                      and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+            if values:
+                return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
         return None
-    ip = get_ipython()
-    if ip is None:
+    frame = _students_frame()
+    if frame is None:
         return None
-    ns = ip.user_ns
-    for cell in reversed(ns.get("In", [])[-100:]):
-        try:
-            tree = ast.parse(ip.transform_cell(cell))
-        except SyntaxError:
-            continue
-        values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
-                  and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
-        if values:
-            return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
-    return None
+    try:
+        tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
+    except (SyntaxError, ValueError):
+        return None
+    values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+              and node.lineno <= frame.f_lineno
+              and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
+    if not values:
+        return None
+    return max(values, key=lambda v: (v.lineno, v.col_offset)), {**frame.f_globals,
+                                                                   **frame.f_locals}
 
 
 def _answer_codes(frame: FrameType) -> list[CodeType]:
@@ -447,9 +461,7 @@ def _factor_table(factors: dict[str, float] | None) -> list[tuple[float, str]]:
     for i, (v, k) in enumerate(items):
         for w, j in items[i + 1:]:
             table += [(v * w, f"factors {k} and {j} both too big"),
-                      (1 / (v * w), f"factors {k} and {j} both missing"),
-                      (v / w, f"a factor {k} too big and {j} too small"),
-                      (w / v, f"a factor {j} too big and {k} too small")]
+                      (1 / (v * w), f"factors {k} and {j} both missing")]
     return table
 
 

@@ -41,6 +41,11 @@ def _size_mistakes(B: int, h: int, T: int, S: int, itemsize: int) -> list[tuple[
     k8 = B * h * 8000 * 8000 * itemsize  # "8K tokens" read as 8000
     return [
         (numbers * 4 / 2**30, "that is 4 bytes per number (float32); bfloat16 takes 2"),
+        (numbers * 8 / 2**30, "that is 8 bytes per number (float64); bfloat16 takes 2"),
+        (B * h * T * itemsize / 2**30, "T is not squared: that is B * h * T numbers, one per "
+                                       "query; the scores pair every query with every key"),
+        (B * T * S * itemsize / 2**30, "that leaves out the heads: every head has its own T x T "
+                                       "scores"),
         (2 * nbytes / 2**30, "that counts two matrices (the scores and the softmax weights the "
                              "math path writes beside them): the question asks for one"),
         (nbytes / 1e9, "that is GB (10**9 bytes); a GiB is 2**30 bytes"),
@@ -108,8 +113,8 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
         k = math.floor(math.log2(got / want))
         lo, hi = (f"{2**k}" if k >= 0 else f"1/{2**-k}"), (f"{2**(k + 1)}" if k >= -1 else f"1/{2**(-k - 1)}")
         said = f"gib is between {lo} and {hi} times the right value, a ratio none of the usual slips gives"
-    not_yet(f"{said}. Count B * h * T * T numbers, the bytes of one bfloat16 number, and 2**30 "
-            f"bytes to a GiB")
+    not_yet(f"{said}. Check each factor of your count in turn: the shape of the matrix, the "
+            f"bytes of one number, and the unit")
 
 
 def _close_match(got: float, mistakes: list[tuple[float, str]]) -> str | None:

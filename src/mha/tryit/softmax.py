@@ -85,6 +85,11 @@ def check_mean_overflow(my_row: Any) -> str:
                 f"underflows to 0, which is harmless (a weight of 0, as for a masked key). "
                 f"Overflow needs the opposite: one exponent far above 0, a logit far above the "
                 f"row's mean (your largest exponent is only {top:.4g})")
+    if -low > top and top <= ln64:  # the outlier lies below: it drags the mean down
+        not_yet(f"your row's outlier lies BELOW the others ({z.min():.4g}): it drags the mean "
+                f"down, so the others rise to {top:.4g} after the shift, still below {ln64:.2f}, "
+                f"and its own exp underflows towards 0, which is harmless. Overflow needs a logit "
+                f"far ABOVE the row's mean, by more than {ln64:.2f}")
     for dtype in ("float32", "float16"):
         if top > LN_MAX[dtype]:
             not_yet(f"after subtracting the mean your largest exponent is {top:.4g}: that "
