@@ -49,7 +49,8 @@ CASES = [
                 "MB (millions": lambda: (4.194304,),
                 "off by 1": lambda: (4_194_305,),
                 "no clean factor": lambda: (1000,),
-                "exactly 4 times": lambda: (16_777_216,),
+                "two slips together: K alone (V forgotten), and bits": lambda: (16_777_216,),
+                "exactly 3 times": lambda: (3 * 4_194_304,),
                 "whole number": lambda: (4194304.5,),
                 "close but not exact": lambda: (4_000_000,),  # 4 MiB read as 4 * 10**6
                 "factor 2 for K and V twice": lambda: (8_388_608,),

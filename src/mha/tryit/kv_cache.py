@@ -84,6 +84,16 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
         (2 * B * h * max_len * itemsize, "that leaves out d_k: each cached key and value is a "
                                          "vector of d_k numbers per head"),
     ]
+    slips = [("kv", 1 / 2, "K alone (V forgotten)"),
+             ("item", 1 / itemsize, "numbers counted, not bytes"),
+             ("item", 8 / itemsize, "8 bytes a number (float64)"),
+             ("item", 2 / itemsize, "2 bytes a number (float16)"),
+             ("unit", 8, "bits, not bytes"), ("h", 1 / h, "the heads left out"),
+             ("h", h, "d_model in place of d_k"), ("len", 1 / max_len, "one position, not max_len")]
+    for i, (kind_a, a, why_a) in enumerate(slips):  # two slips at once: K alone and numbers, ...
+        for kind_b, b, why_b in slips[i + 1:]:  # one of each kind; a pair that cancels is left
+            if kind_a != kind_b and not math.isclose(a * b, 1.0):  # to the function part
+                listed.append((want * a * b, f"two slips together: {why_a}, and {why_b}"))
     sizes = dict(B=B, h=h, max_len=max_len, d_k=d_k)
     for name, value in sizes.items():  # one size off by one: max_len - 1 slots, d_k + 1, ...
         for step in (-1, 1):
@@ -228,6 +238,19 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
                    ((base, BASE), (at_case, CASE))):
                 not_yet(f"{name} counts {a} {'-' if step < 0 else '+'} 1 where {a} belongs (an "
                         f"off-by-one in one size): {_WHY[a]}")
+    if math.isclose(grown["itemsize"], 1.0) and all(
+            math.isclose(r, 2.0) for a, r in grown.items() if a != "itemsize"):
+        per_number = base / (_bytes(**BASE) / BASE["itemsize"])  # the bytes it uses, K and V
+        if per_number > 0:  # a constant typed in for itemsize, maybe with V forgotten
+            fits = [f"{c} bytes a number typed in for itemsize"
+                    + ("" if k == 2 else ", with V forgotten (K alone)")
+                    for k in (2, 1) for c in (1, 2, 4, 8) if math.isclose(per_number, k * c / 2)]
+            if fits:
+                cancel = any(f.startswith("8 bytes") and "V forgotten" in f for f in fits)
+                not_yet(f"{name} does not use itemsize (it stays the same when itemsize doubles): "
+                        + "; or ".join(fits) + (". K alone at 8 bytes a number equals K and V at "
+                                                "float32's 4, which is why the lesson's size "
+                                                "alone could not show it" if cancel else ""))
     told = _growth_story(grown)
     if told:
         not_yet(f"{name} " + "; and it ".join(told))
