@@ -38,6 +38,7 @@ CASES = [
                       lambda: (WINDOW.tolist(),),
                       lambda: (STAIR & ~band(-T, -3),)],  # the staircase minus the old keys
          wrong={"plain causal mask": lambda: (STAIR,),
+                "two slips: it is transposed": lambda: (band(-3, 0).T,),
                 "2 keys (t - 1 and t)": lambda: (band(-1, 0),),
                 "4 keys (t - 3 .. t)": lambda: (band(-3, 0),),
                 "the sign of k": lambda: (np.zeros((T, T), dtype=bool),),

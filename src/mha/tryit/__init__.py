@@ -133,6 +133,19 @@ def first_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
         f"{len(found)} slips give this same value: " + "; or ".join(found)
 
 
+def transposed_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> str | None:
+    """For a (T, S) answer that fits no mistake: does it fit one once turned round? Then both
+    slips are named, the transpose and the other."""
+    got = np.asarray(got)
+    if got.ndim < 2 or got.shape[-1] != got.shape[-2]:
+        return None
+    why = first_match(np.swapaxes(got, -1, -2), mistakes)
+    if why is None:
+        return None
+    return (f"two slips: it is transposed (rows must be the queries, columns the keys), and "
+            f"turned round, {why}")
+
+
 def all_matches(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
                 atol: float = 0.0) -> list[str]:
     """The messages of every typical mistake whose value `got` equals (no repeats)."""

@@ -17,6 +17,7 @@ from . import (
     relate,
     right,
     self_check,
+    transposed_match,
 )
 
 
@@ -166,7 +167,7 @@ def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
         return right(f"row t sees keys t-{window - 1} .. t (fewer at the start), so "
                      f"masked_softmax(zeros, allowed) spreads 1/{window} over the last {window} "
                      f"tokens: a moving average{_USE[convention]}")
-    why = first_match(got, _mistakes(T, window))
+    why = first_match(got, _mistakes(T, window)) or transposed_match(got, _mistakes(T, window))
     if why is not None:
         not_yet(why)
     other = mask_verdict(allowed, want, "allowed")  # inverted, 0 and -inf swapped, shifted ...

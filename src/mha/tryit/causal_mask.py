@@ -18,6 +18,7 @@ from . import (
     relate,
     right,
     self_check,
+    transposed_match,
 )
 from .attention_from_scratch import weights_not_mask
 
@@ -135,5 +136,5 @@ def check_window(my_window: Any, T: int = 6) -> str:
                                             "steps.causal_mask with one more numpy call")
         return right(f"keys t-2, t-1, t for every query t{_USE[convention]}. In the module: "
                      f"{_after_module(mine, T)}")
-    why = first_match(mine, _mistakes(T))
+    why = first_match(mine, _mistakes(T)) or transposed_match(mine, _mistakes(T))
     not_yet(why if why is not None else _unlisted(mine, my_window, want))
