@@ -56,6 +56,9 @@ CASES = [
                 "squares of one row":  # J_ij = w_i delta_ij - w_j^2
                 lambda: (lambda g, w: np.einsum("...ij,...i->...j", w[..., :, None] * np.eye(
                     w.shape[-1]) - (w * w)[..., None, :], g),),
+                "-w_i^2 across row i":  # J_ij = w_i delta_ij - w_i^2
+                lambda: (lambda g, w: np.einsum("...ij,...i->...j", w[..., :, None] * np.eye(
+                    w.shape[-1]) - (w * w)[..., :, None], g),),
                 "kept only diag(w)":  # J = w * eye: the -w w^T term missing
                 lambda: (lambda g, w: np.einsum("...ij,...i->...j",
                                                 w[..., :, None] * np.eye(w.shape[-1]), g),),

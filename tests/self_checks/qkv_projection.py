@@ -49,6 +49,7 @@ CASES = [
     Case(tryit.check_split,
          right=lambda: (False, Q_VIEW, QKV),
          right_forms=[lambda: (np.False_, QKV.reshape(B, T, 3, D)[:, :, 0], QKV),
+                      lambda: (0, QKV.reshape(B, T, 3, D)[:, :, 0], QKV),  # 0 == False
                       lambda: (False, QKV.reshape(B, T, 3, D)[..., 0, :], QKV, Q2),
                       lambda: (False, np.split(QKV, 3, axis=-1)[0], QKV, Q2),  # a fresh split
                       lambda: (False, QKV.reshape(B, T, 3, D).transpose(2, 0, 1, 3)[0], QKV),
@@ -79,7 +80,7 @@ CASES = [
                 "reversed along axis 1": lambda: (False, Q[:, ::-1], QKV),
                 "axes in another order than (B, T, d_model); put back in order, that is the "
                 "classmate's split": lambda: (False, EVERY_THIRD.T, QKV)},
-         garbage=[lambda: ("False", Q_VIEW, QKV), lambda: (0, Q_VIEW, QKV),
+         garbage=[lambda: ("False", Q_VIEW, QKV), lambda: (2, Q_VIEW, QKV),
                   lambda: (False, "qkv[..., :8]", QKV), lambda: (False, [[1.0, 2.0], [3.0]], QKV),
                   lambda: (False, np.zeros((B, T, 7)), QKV), lambda: (False, Q_VIEW, "qkv"),
                   lambda: (False, Q_VIEW, np.zeros((B, T, 8))), lambda: (False, Q_VIEW > 0, QKV)],

@@ -71,6 +71,10 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
              "w * w (the squares of one row) where the outer product w w^T belongs: your J has "
              "-w_j^2 in every row of column j, not -w_i w_j; the off-diagonal entry pairs the "
              "row's weight with the column's. The outer product of one row is an (S, S) matrix"),
+            (w * g - (g * w * w).sum(-1, keepdims=True),
+             "w * w (the squares of one row) where the outer product w w^T belongs: your J has "
+             "-w_i^2 across row i, not -w_i w_j; the off-diagonal entry pairs the row's weight "
+             "with the column's. The outer product of one row is an (S, S) matrix"),
             (w * (w - (w * w).sum(-1, keepdims=True)),
              "the weights where the upstream gradient belongs: J was applied to the weights, not "
              "to dweights (the gradient arriving from the next step)"),

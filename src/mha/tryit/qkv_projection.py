@@ -38,6 +38,9 @@ def _require_qkv(qkv: Any) -> np.ndarray:
 def _as_bool(prediction: Any) -> bool:
     """The prediction as True or False (a numpy or torch boolean too), or NotYet."""
     value = np.asarray(prediction.detach().cpu() if hasattr(prediction, "detach") else prediction)
+    if not isinstance(prediction, str | bytes) and value.shape == () and \
+            value.dtype.kind in "iu" and int(value) in (0, 1):
+        return bool(value)  # 0 and 1 stand for False and True, as in Python
     if isinstance(prediction, str | bytes) or value.dtype != np.bool_ or value.shape != ():
         not_yet(f"my_prediction must be True or False, got {type(prediction).__name__} "
                 f"{prediction!r:.40}")

@@ -23,7 +23,9 @@ SHAPES: tuple[Shape, ...] = (
 # Typical wrong rules, each with why it is wrong (phrased without giving the rule away).
 MISTAKES: tuple[tuple[Callable[[int, int, int, int], bool], str], ...] = (
     (lambda B, T, d_model, h: True,
-     "your rule says the bug is always harmless, but the round trip is wrong for most shapes."),
+     "your rule says the bug is always harmless (True for every shape the module accepts), but "
+     "the round trip is wrong for most shapes. A condition every valid shape meets, such as "
+     "d_model % h == 0 (needed for the split itself), cannot tell the harmless shapes apart."),
     (lambda B, T, d_model, h: False,
      "your rule says the bug always matters, but some shapes give x back exactly."),
     (lambda B, T, d_model, h: h == 1,
