@@ -270,7 +270,7 @@ def guarded(fn: Callable[..., Any], *args: Any, forbid: tuple | None = None, all
     return result
 
 
-def _students_frame() -> FrameType | None:
+def students_frame() -> FrameType | None:
     """The frame of the student's code that called the check (a notebook cell, a script)."""
     frame = sys._getframe(1)
     while frame is not None and not _is_students(frame.f_code.co_filename):
@@ -334,7 +334,7 @@ def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
             if values:
                 return max(values, key=lambda v: (v.lineno, v.col_offset)), ns
         return None
-    frame = _students_frame()
+    frame = students_frame()
     if frame is None:
         return None
     try:
@@ -350,25 +350,34 @@ def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
                                                                    **frame.f_locals}
 
 
-def _answer_codes(frame: FrameType) -> list[CodeType]:
-    """The code that made the answer: the arguments of the check call on the frame's line, and
-    (followed back through the cell) the last assignment of each name they use and the
-    functions they call; the whole cell where its source cannot be read."""
+def answer_sources(frame: FrameType | None = None) -> tuple[list[ast.AST], str] | None:
+    """The code that made the answer, as syntax trees, and the file they come from: the
+    positional arguments of the check call on the calling line, and (followed back through the cell) the
+    last assignment of each name they use and the functions they call; a name the cell does not
+    assign is followed into earlier cells (IPython's input history). None where the calling
+    code's source cannot be read."""
+    frame = frame or students_frame()
+    if frame is None:
+        return None
     filename = frame.f_code.co_filename
-    text = "".join(linecache.getlines(filename))
     try:
-        tree = ast.parse(text)
+        tree = ast.parse("".join(linecache.getlines(filename)))
     except (SyntaxError, ValueError):
-        return [frame.f_code]
+        return None
     line = frame.f_lineno
     calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and n.lineno <= line <=
              (n.end_lineno or n.lineno) and getattr(n.func, "attr", getattr(n.func, "id", ""))
              .startswith("check_")]
     if not calls:
-        return [frame.f_code]
-    parts: list[ast.AST] = [*calls[-1].args, *(k.value for k in calls[-1].keywords)]
+        return None
+    parts: list[ast.AST] = list(calls[-1].args)  # keywords pass the setup (T=..., read=...)
+    body = tree.body  # the statements of the calling scope, not those in branches or loops,
+    if frame.f_code.co_name != "<module>":  # which may not have run
+        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+                  and n.name == frame.f_code.co_name and n.lineno <= line <= (n.end_lineno or 0)]
+        body = scopes[-1].body if scopes else []
     defs: dict[str, list[ast.stmt]] = {}
-    for stmt in ast.walk(tree):
+    for stmt in [*body, *(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))]:
         if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign) and stmt.lineno < line:
             targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
             for t in targets:
@@ -379,8 +388,7 @@ def _answer_codes(frame: FrameType) -> list[CodeType]:
             defs.setdefault(stmt.name, []).append(stmt)
     seen: set[str] = set()
     queue = list(parts)
-    statements: list[ast.stmt] = []
-    earlier: list[ast.expr] = []  # made in an earlier cell: IPython's input history says how
+    found: list[ast.AST] = list(parts)
     while queue:
         node = queue.pop()
         for n in ast.walk(node):
@@ -389,17 +397,26 @@ def _answer_codes(frame: FrameType) -> list[CodeType]:
             seen.add(n.id)
             if n.id in defs:
                 stmt = max(defs[n.id], key=lambda d: d.lineno)  # the last one before the call
-                statements.append(stmt)
+                found.append(stmt)
                 queue.append(stmt)
-            elif len(seen) < 20 and (found := last_assignment(n.id)) is not None:
-                earlier.append(found[0])
-                queue.append(found[0])
-    codes = [compile(ast.Expression(e), "<earlier cell>", "eval") for e in earlier]
-    for part in parts:
-        codes.append(compile(ast.Expression(part), filename, "eval"))
-    if statements:
-        module = ast.Module(body=sorted(statements, key=lambda d: d.lineno), type_ignores=[])
-        codes.append(compile(module, filename, "exec"))
+            elif len(seen) < 20 and (earlier := last_assignment(n.id)) is not None:
+                found.append(earlier[0])  # made in an earlier cell
+                queue.append(earlier[0])
+    return found, filename
+
+
+def _answer_codes(frame: FrameType) -> list[CodeType]:
+    """The code that made the answer, compiled (the whole calling cell where it cannot be read)."""
+    sources = answer_sources(frame)
+    if sources is None:
+        return [frame.f_code]
+    nodes, filename = sources
+    codes = []
+    for node in nodes:
+        if isinstance(node, ast.expr):
+            codes.append(compile(ast.Expression(node), filename, "eval"))
+        else:
+            codes.append(compile(ast.Module(body=[node], type_ignores=[]), filename, "exec"))
     return codes
 
 
@@ -417,7 +434,7 @@ def reached_in_cell(forbid: tuple, allow: tuple = ()) -> list[str]:
     """
     from ..integrity import _codes_of, _dotted, _is_package
 
-    frame = _students_frame()
+    frame = students_frame()
     if frame is None:
         return []
     answer_codes = _answer_codes(frame)

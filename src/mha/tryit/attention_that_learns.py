@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from . import (
+    answer_sources,
     first_match,
     last_assignment,
     not_tried,
@@ -29,6 +30,7 @@ from . import (
     relate,
     right,
     self_check,
+    students_frame,
 )
 
 
@@ -88,19 +90,32 @@ def _measurement_form(answer: Any, read: Any) -> str | None:
 
 
 def _assigned_from_measurement(read: Any) -> bool:
-    """In a notebook: whether the last `answer = ...` the kernel ran reads the measurement: an
-    expression that uses `read` (under any name), the trained model, a measured map or
-    `attention_maps` (`[int(k) for k in read]` keeps no mark). Outside IPython: False."""
-    found = None if read is None else last_assignment("answer")
-    if found is None:
+    """Whether the code that made the answer reads the measurement: an expression that uses
+    `read` (under any name), the trained model, a measured map or `attention_maps`
+    (`[int(k) for k in read]` keeps no mark). Read from the calling cell and the cells before
+    it (answer_sources), and from the last `answer = ...` the kernel ran."""
+    if read is None:
         return False
-    rhs, ns = found
-    return any(_is_measuring(node, ns, read) for node in ast.walk(rhs))
+    frame = students_frame()
+    ns = {} if frame is None else {**frame.f_globals, **frame.f_locals}
+    nodes = []
+    sources = answer_sources(frame)
+    if sources is not None:
+        nodes += sources[0]
+    found = last_assignment("answer")
+    if found is not None:
+        nodes.append(found[0])
+        ns = {**ns, **found[1]}
+    return any(_is_measuring(n, ns, read) for node in nodes for n in ast.walk(node))
 
 
 def _is_measuring(node: ast.AST, ns: dict, read: Any) -> bool:
     """A name bound to the measurement, a trained model or a measured attention map, or a call
     of attention_maps."""
+    if isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name) and \
+            isinstance(node.slice, ast.Constant) and isinstance(ns.get(node.value.id), dict):
+        value = ns[node.value.id].get(node.slice.value)  # e.g. S["read"]: a dict of results
+        return value is read or isinstance(value, MeasuredKeys)
     if isinstance(node, ast.Name) and node.id in ns:
         value = ns[node.id]
         return value is read or isinstance(value, MeasuredKeys) or \

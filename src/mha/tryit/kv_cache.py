@@ -88,7 +88,7 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
              ("item", 1 / itemsize, "numbers counted, not bytes"),
              ("item", 8 / itemsize, "8 bytes a number (float64)"),
              ("item", 2 / itemsize, "2 bytes a number (float16)"),
-             ("unit", 8, "bits, not bytes"), ("h", 1 / h, "the heads left out"),
+             ("item", 8, "bits, not bytes"), ("h", 1 / h, "the heads left out"),
              ("h", h, "d_model in place of d_k"), ("len", 1 / max_len, "one position, not max_len")]
     for i, (kind_a, a, why_a) in enumerate(slips):  # two slips at once: K alone and numbers, ...
         for kind_b, b, why_b in slips[i + 1:]:  # one of each kind; a pair that cancels is left
