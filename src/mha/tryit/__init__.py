@@ -478,6 +478,32 @@ def refuse_if_reached(forbid: tuple, rule: str, allow: tuple = ()) -> None:
                 f"{', '.join(found)}, so the answer is the package's, not yours")
 
 
+def run_student(fn: Callable[..., Any], *args: Any, said_as: str | None = None,
+                hint: Callable[[str], str] | None = None, forbid: tuple | None = None,
+                allow: tuple = (), rule: str = "this exercise asks you to write it yourself",
+                **kwargs: Any) -> Any:
+    """fn(*args, **kwargs) under the grading guard; an error raised in the student's code becomes
+    NotYet: '<said_as> raised ValueError: ... (line 3 in your fn: `...`)', plus hint(message)."""
+    said_as = said_as or f"your {getattr(fn, '__name__', 'function')}"
+    try:
+        return guarded(fn, *args, forbid=forbid, allow=allow, rule=rule, **kwargs)
+    except NotYet:
+        raise
+    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
+        where = where_in_students_code(err.__traceback__)
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+        if where is None and isinstance(err, TypeError) and err.__traceback__ is not None \
+                and err.__traceback__.tb_next is not None \
+                and err.__traceback__.tb_next.tb_next is None:  # raised by the call itself
+            not_yet(f"{said_as} cannot be called with these arguments ({text[:200]}): check the "
+                    f"parameters it takes")
+        if where is None:
+            raise  # the checker's own bug
+        extra = hint(text) if hint is not None else ""
+        not_yet(f"{said_as} raised {type(err).__name__}{': ' + text[:200] if text else ''} "
+                f"({where})" + (f". {extra}" if extra else ""))
+
+
 # --- How a wrong answer relates to the right one -------------------------------------------
 
 

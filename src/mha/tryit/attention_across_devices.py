@@ -18,12 +18,11 @@ from . import (
     as_number,
     describe_number,
     first_match,
-    guarded,
     not_tried,
     not_yet,
     right,
+    run_student,
     self_check,
-    where_in_students_code,
 )
 
 SIZES = ("B", "h", "T", "W", "d_k", "itemsize")
@@ -99,17 +98,7 @@ def _call(fn: Callable, sizes: dict[str, int]) -> int | None:
     """fn(**sizes) under the grading guard, as a whole number; an error in it is named with its line."""
     name = getattr(fn, "__name__", "function")
     args = ", ".join(f"{k}={v}" for k, v in sizes.items())
-    try:
-        out = guarded(fn, *sizes.values(), rule=RULE)
-    except NotYet:
-        raise
-    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = where_in_students_code(err.__traceback__)
-        if where is None:
-            raise
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        not_yet(f"{name}({args}) raised {type(err).__name__}{': ' + text[:200] if text else ''} "
-                f"({where})")
+    out = run_student(fn, *sizes.values(), said_as=f"{name}({args})", rule=RULE)
     return None if out is None else as_number(out, f"{name}({args})", integer=True)
 
 

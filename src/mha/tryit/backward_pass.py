@@ -22,16 +22,14 @@ from .. import steps
 from ..diagnose_backward import step_cases
 from ..grad import softmax_backward as _reference  # bound at import: the answer key
 from . import (
-    NotYet,
     first_match,
-    guarded,
     not_tried,
     not_yet,
     read_array,
     relate,
     right,
+    run_student,
     self_check,
-    where_in_students_code,
 )
 
 WHAT = ("write the body of my_softmax_backward(dweights, weights): build J = diag(w) - w w^T for "
@@ -142,19 +140,9 @@ def _raised_hint(text: str, w: np.ndarray) -> str:
 def _run(fn: Callable, g: np.ndarray, w: np.ndarray, case: str) -> Any:
     """fn(g, w) on copies under the grading guard; an error in it is named with the case and line."""
     name = getattr(fn, "__name__", "function")
-    try:
-        with np.errstate(all="ignore"):
-            return guarded(fn, g.copy(), w.copy(), allow=(steps,), rule=RULE)
-    except NotYet:
-        raise
-    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = where_in_students_code(err.__traceback__)
-        if where is None:
-            raise
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        hint = _raised_hint(text, w)
-        not_yet(f"[case: {case}] your {name} raised {type(err).__name__}"
-                f"{': ' + text[:200] if text else ''} ({where})" + (f". {hint}" if hint else ""))
+    with np.errstate(all="ignore"):
+        return run_student(fn, g.copy(), w.copy(), said_as=f"[case: {case}] your {name}",
+                           hint=lambda text: _raised_hint(text, w), allow=(steps,), rule=RULE)
 
 
 def _properties(got: np.ndarray, w: np.ndarray) -> str:

@@ -22,14 +22,13 @@ from .. import compose
 from . import (
     NotYet,
     first_match,
-    guarded,
     not_tried,
     not_yet,
     read_array,
     relate,
     right,
+    run_student,
     self_check,
-    where_in_students_code,
 )
 
 OTHER_BATCHES: tuple[tuple[tuple[int, ...], int], ...] = (((1, 4), 6), ((4, 1, 4, 2), 4), ((3,), 3))
@@ -179,17 +178,7 @@ def _batch(lengths: Sequence[int], T: int) -> str:
 def _run(fn: Callable, lengths: Any, T: int) -> Any:
     """fn(lengths, T) under the grading guard; an error in it is named with the batch and its line."""
     name = getattr(fn, "__name__", "function")
-    try:
-        return guarded(fn, lengths, T, rule=RULE)
-    except NotYet:
-        raise
-    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = where_in_students_code(err.__traceback__)
-        if where is None:
-            raise
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        not_yet(f"for {_batch(lengths, T)}, your {name} raised {type(err).__name__}"
-                f"{': ' + text[:200] if text else ''} ({where})")
+    return run_student(fn, lengths, T, said_as=f"for {_batch(lengths, T)}, your {name}", rule=RULE)
 
 
 def _judge_function(fn: Callable, lengths: Sequence[int], T: int) -> str:

@@ -21,7 +21,6 @@ from .. import steps
 from . import (
     NotYet,
     first_match,
-    guarded,
     mask_verdict,
     not_tried,
     not_yet,
@@ -29,8 +28,8 @@ from . import (
     read_mask,
     relate,
     right,
+    run_student,
     self_check,
-    where_in_students_code,
 )
 
 LENGTHS = (5, 3, 1)
@@ -220,17 +219,8 @@ def _shape_says(value: np.ndarray, lengths: Sequence[int], T: int) -> str:
 def _run(fn: Callable, lengths: Sequence[int], T: int) -> Any:
     """fn(lengths, T) under the grading guard; an error in it is named with the batch and line."""
     name = getattr(fn, "__name__", "function")
-    try:
-        return guarded(fn, np.array(lengths), T, allow=(steps,), rule=RULE)
-    except NotYet:
-        raise
-    except Exception as err:  # noqa: BLE001 - the student's function may raise anything
-        where = where_in_students_code(err.__traceback__)
-        if where is None:
-            raise
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-        not_yet(f"for {_batch(lengths, T)}, your {name} raised {type(err).__name__}"
-                f"{': ' + text[:200] if text else ''} ({where})")
+    return run_student(fn, np.array(lengths), T, said_as=f"for {_batch(lengths, T)}, your {name}",
+                       allow=(steps,), rule=RULE)
 
 
 def _same_as(out: Any, other: Any) -> bool:

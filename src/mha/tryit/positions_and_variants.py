@@ -20,14 +20,13 @@ from .. import posenc, steps
 from . import (
     NotYet,
     first_match,
-    guarded,
     not_tried,
     not_yet,
     read_array,
     relate,
     right,
+    run_student,
     self_check,
-    where_in_students_code,
 )
 
 CASE = dict(n_cached=5, t_new=3)  # the lesson's question
@@ -39,15 +38,8 @@ RULE = "build the positions yourself (numpy is enough)"
 
 def _call(fn: Callable, n_cached: int, t_new: int) -> Any:
     """fn(n_cached, t_new) under the guard, or NotYet naming the package code or the error."""
-    try:
-        out = guarded(fn, n_cached, t_new, rule=RULE)
-    except NotYet:
-        raise
-    except Exception as e:  # noqa: BLE001 - a student's function may raise anything
-        where = where_in_students_code(e.__traceback__)
-        text = str(e).strip().splitlines()[0][:200] if str(e).strip() else ""
-        not_yet(f"chunk_positions({n_cached}, {t_new}) raised {type(e).__name__}"
-                f"{': ' + text if text else ''}" + (f" ({where})" if where else ""))
+    out = run_student(fn, n_cached, t_new, said_as=f"chunk_positions({n_cached}, {t_new})",
+                      rule=RULE)
     return list(out) if isinstance(out, Iterator) else out  # a generator or map: its items
 
 
