@@ -127,3 +127,16 @@ def test_unpicklable_args_are_refused():
     """Arguments travel pickled: a generator cannot, and says so before anything starts."""
     with pytest.raises(TypeError, match="args must be picklable"):
         run_workers(ex.all_reduce_sum, 2, args=((x for x in range(3)),))
+
+
+def test_a_knock_on_connection_error_is_reported_after_its_cause():
+    """Under load rank 1's 'Connection closed by peer' (rank 2 left) can arrive before rank 2's
+    own error: the cause is still the one named first."""
+    from mha.launch import _failure
+
+    failures = [("error", 1, "RuntimeError", "Gloo connectFullMesh failed with [...] Connection "
+                 "closed by peer [127.0.0.1]:58027", "traceback 1"),
+                ("error", 2, "ValueError", "planted failure 42", "traceback 2")]
+    text = str(_failure(failures, {1: failures[0], 2: failures[1]}, 4))
+    assert text.startswith("rank 2 of 4 failed: ValueError: planted failure 42"), text
+    assert "1 other rank(s) failed too: 1" in text

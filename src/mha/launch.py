@@ -253,8 +253,16 @@ def _stop(procs: list) -> None:
             p.join(KILL_GRACE_S)
 
 
+_KNOCK_ON = ("Connection closed by peer", "Connection reset by peer", "connectFullMesh",
+             "NCCL communicator was aborted")
+"""Errors a rank gets because another rank failed and left: reported after the cause."""
+
+
 def _failure(failures: list[tuple], answers: dict, world_size: int) -> RuntimeError:
-    """One RuntimeError: the first failing rank, its traceback, and how many others failed."""
+    """One RuntimeError: the failing rank that caused it (a knock-on connection error of a rank
+    whose peer left comes after the peer's own error, whichever arrived first), its traceback,
+    and how many others failed."""
+    failures = sorted(failures, key=lambda f: any(k in str(f[3]) for k in _KNOCK_ON))
     _, rank, kind, message, text = failures[0]
     unfinished = [r for r in range(world_size) if r not in answers]
     lines = [f"rank {rank} of {world_size} failed: {kind}: {message}"]
