@@ -146,6 +146,36 @@ def transposed_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> st
             f"turned round, {why}")
 
 
+def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> str | None:
+    """For a boolean mask that fits no mistake: does its negation fit one (perhaps turned round
+    too)? Then both slips are named: the convention (True = blocked) and the other."""
+    got = np.asarray(got)
+    if got.dtype != np.bool_:
+        return None
+    mistakes = list(mistakes)
+    why = first_match(~got, mistakes) or transposed_match(~got, mistakes)
+    if why is None:
+        return None
+    return (f"two slips: it is inverted, True where attention is blocked (torch's "
+            f"key_padding_mask convention; here True means may attend), and negated back, {why}")
+
+
+def slip_readings(got: float, want: float, slips: Sequence[tuple[str, float, str]],
+                  rtol: float = 1e-9) -> list[str]:
+    """Every single slip, and every pair of slips of different kinds, whose factors turn `want`
+    into `got`. slips: (kind, factor, words); two of one kind (two itemsizes) never pair."""
+    found: list[str] = []
+    for _kind, a, why_a in slips:
+        if math.isclose(got, want * a, rel_tol=rtol):
+            found.append(why_a)
+    for i, (kind_a, a, why_a) in enumerate(slips):
+        for kind_b, b, why_b in slips[i + 1:]:
+            if kind_a != kind_b and not math.isclose(a * b, 1.0) and \
+                    math.isclose(got, want * a * b, rel_tol=rtol):
+                found.append(f"two slips together: {why_a}, and {why_b}")
+    return list(dict.fromkeys(found))
+
+
 def all_matches(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
                 atol: float = 0.0) -> list[str]:
     """The messages of every typical mistake whose value `got` equals (no repeats)."""
@@ -341,13 +371,24 @@ def last_assignment(name: str) -> tuple[ast.expr, dict] | None:
         tree = ast.parse("".join(linecache.getlines(frame.f_code.co_filename)))
     except (SyntaxError, ValueError):
         return None
-    values = [node.value for node in ast.walk(tree) if isinstance(node, ast.Assign)
+    values = [node.value for node in _scope(tree, frame) if isinstance(node, ast.Assign)
               and node.lineno <= frame.f_lineno
               and any(isinstance(t, ast.Name) and t.id == name for t in node.targets)]
     if not values:
         return None
     return max(values, key=lambda v: (v.lineno, v.col_offset)), {**frame.f_globals,
                                                                    **frame.f_locals}
+
+
+def _scope(tree: ast.Module, frame: FrameType) -> list[ast.stmt]:
+    """The statements of the frame's own scope (a cell, or the function it runs in), not those
+    in branches or loops, which may not have run."""
+    if frame.f_code.co_name == "<module>":
+        return tree.body
+    line = frame.f_lineno
+    scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+              and n.name == frame.f_code.co_name and n.lineno <= line <= (n.end_lineno or 0)]
+    return scopes[-1].body if scopes else []
 
 
 def answer_sources(frame: FrameType | None = None) -> tuple[list[ast.AST], str] | None:
@@ -371,11 +412,7 @@ def answer_sources(frame: FrameType | None = None) -> tuple[list[ast.AST], str] 
     if not calls:
         return None
     parts: list[ast.AST] = list(calls[-1].args)  # keywords pass the setup (T=..., read=...)
-    body = tree.body  # the statements of the calling scope, not those in branches or loops,
-    if frame.f_code.co_name != "<module>":  # which may not have run
-        scopes = [n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
-                  and n.name == frame.f_code.co_name and n.lineno <= line <= (n.end_lineno or 0)]
-        body = scopes[-1].body if scopes else []
+    body = _scope(tree, frame)
     defs: dict[str, list[ast.stmt]] = {}
     for stmt in [*body, *(n for n in tree.body if isinstance(n, ast.FunctionDef | ast.ClassDef))]:
         if isinstance(stmt, ast.Assign | ast.AnnAssign | ast.AugAssign) and stmt.lineno < line:
@@ -744,6 +781,12 @@ def relate(got: Any, want: Any, name: str = "your answer",
         c = float(d.flat[0])
         one = " (off by one?)" if math.isclose(abs(c), 1.0) else ""
         return f"every entry of {name} is {c:+.3g} away from the right one{one}"
+    scale = float(np.abs(w).max()) or 1.0
+    rel = float(np.abs(g - w).max()) / scale
+    if rel < 2e-2:  # every entry close: the rounding of a low-precision dtype, not a slip
+        return (f"{name} is close to right everywhere but not equal: off by up to {rel:.1g} of "
+                f"the largest entry, the size of float16 or bfloat16 rounding (float32's is "
+                f"about 1e-7): was a step computed in low precision?")
     wrong = ~np.isclose(g, w, rtol=rtol, atol=atol)
     first = tuple(int(i) for i in np.argwhere(wrong)[0])
     n_ok = int((~wrong).sum())
