@@ -27,10 +27,10 @@ CASES = [
                 "T = 8000": lambda: (3.81,),
                 "must be positive": lambda: (-4,),
                 # invented, not in the table: each named through the ratio to the right size
-                "factors 2 (4-byte float32 for 2-byte bfloat16, or two matrices) and 2**30 / 10**9":
+                "4 bytes a number (float32) together with GB (10**9 bytes), not GiB":
                     lambda: (8.59,),
-                "a factor h = 32 (the heads) too big": lambda: (128,),
-                "a factor 8 (bits in a byte) too small": lambda: (0.5,),
+                "the heads counted twice": lambda: (128,),
+                "8 bytes a number (float64) together with one head only": lambda: (0.5,),
                 "and h = 32 (the heads) both missing": lambda: (1 / 16,),
                 "one-byte mask": lambda: (6,),
                 "a float32 copy": lambda: (12,),

@@ -163,16 +163,19 @@ def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> str 
 def slip_readings(got: float, want: float, slips: Sequence[tuple[str, float, str]],
                   rtol: float = 1e-9) -> list[str]:
     """Every single slip, and every pair of slips of different kinds, whose factors turn `want`
-    into `got`. slips: (kind, factor, words); two of one kind (two itemsizes) never pair."""
+    into `got`. slips: (kind, factor, words); two of one kind (two itemsizes) never pair, and
+    a slip of kind "solo" (rare, its factor a power of 2 that would pair with anything) is
+    named alone only."""
     found: list[str] = []
     for _kind, a, why_a in slips:
         if math.isclose(got, want * a, rel_tol=rtol):
             found.append(why_a)
     for i, (kind_a, a, why_a) in enumerate(slips):
         for kind_b, b, why_b in slips[i + 1:]:
-            if kind_a != kind_b and not math.isclose(a * b, 1.0) and \
+            if kind_a != kind_b and "solo" not in (kind_a, kind_b) and \
+                    not math.isclose(a * b, 1.0) and \
                     math.isclose(got, want * a * b, rel_tol=rtol):
-                found.append(f"two slips together: {why_a}, and {why_b}")
+                found.append(f"{why_a} together with {why_b}")
     return list(dict.fromkeys(found))
 
 

@@ -23,6 +23,7 @@ from . import (
     not_yet,
     right,
     self_check,
+    slip_readings,
 )
 
 KERNELS = ("flash", "efficient", "cudnn", "math")
@@ -105,7 +106,11 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
     if got > 500 * want:
         not_yet(f"{got:g} is far too big for GiB: that looks like a count in a small unit (bytes, "
                 f"KiB, MiB) or of numbers; a GiB is 2**30 bytes")
-    said = describe_number(got, want, "gib", FACTORS, rtol=0.01)
+    pairs = slip_readings(got, want, _slips(h, itemsize, T), rtol=0.01)
+    if pairs:
+        more = [qkv_size] if qkv_size else []
+        not_yet(first_match([1.0], [([1.0], why) for why in more + pairs]))
+    said = describe_number(got, want, "gib", None, rtol=0.01)
     if qkv_size is not None:
         not_yet(f"two slips give this value: {qkv_size}; or {said}" if "factor" in said
                 else qkv_size)
@@ -115,6 +120,18 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
         said = f"gib is between {lo} and {hi} times the right value, a ratio none of the usual slips gives"
     not_yet(f"{said}. Check each factor of your count in turn: the shape of the matrix, the "
             f"bytes of one number, and the unit")
+
+
+def _slips(h: int, itemsize: int, T: int) -> list[tuple[str, float, str]]:
+    """The single slips a size is made of, (kind, factor, words): two of them may come together."""
+    return [("item", 4 / itemsize, "4 bytes a number (float32)"),
+            ("item", 8 / itemsize, "8 bytes a number (float64)"),
+            ("item", 1 / itemsize, "numbers counted, not bytes"),
+            ("item", 8, "bits, not bytes"),
+            ("heads", 1 / h, "one head only"), ("heads", h, "the heads counted twice"),
+            ("unit", 2**30 / 1e9, "GB (10**9 bytes), not GiB"), ("solo", 2**10, "MiB, not GiB"),
+            ("half", 1 / 2, "only the causal half"), ("half", 2, "two matrices"),
+            ("solo", 1 / T, "T not squared")]
 
 
 def _close_match(got: float, mistakes: list[tuple[float, str]]) -> str | None:
