@@ -31,7 +31,7 @@ CASES = [
                     lambda: (8.59,),
                 "the heads counted twice": lambda: (128,),
                 "8 bytes a number (float64) together with one head only": lambda: (0.5,),
-                "and h = 32 (the heads) both missing": lambda: (1 / 16,),
+                "one head only together with only the causal half": lambda: (1 / 16,),
                 "one-byte mask": lambda: (6,),
                 "a float32 copy": lambda: (12,),
                 "between 1 and 2 times": lambda: (4.5,),
