@@ -26,6 +26,7 @@ CASES = [
                       lambda: (lambda B, T, d_model, h: int(T == 1 or h == 1),),
                       lambda: (lambda B, T, d_model, h: T * h == max(T, h),)],
          wrong={"always harmless": lambda: (lambda B, T, d_model, h: True,),
+                "parameters are in another order": lambda: (lambda B, h, T, d: h == 1 or T == 1,),
                 "always matters": lambda: (lambda B, T, d_model, h: False,),
                 "shapes with one head": lambda: (lambda B, T, d_model, h: h == 1,),
                 "shapes with one token": lambda: (lambda B, T, d_model, h: T == 1,),

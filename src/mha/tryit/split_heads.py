@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -140,6 +141,13 @@ def check_harmless_rule(my_rule: Any, shapes: tuple[Shape, ...] = SHAPES) -> str
                      f"skipped transpose swaps the h and T axes, which reorders nothing when "
                      f"one of them has length 1")
     where = _disagreements(mine, measured, shapes)
+    for order in itertools.permutations(range(4)):  # parameters written in another order
+        if order != (0, 1, 2, 3) and [
+                _apply(my_rule, tuple(s[i] for i in order)) for s in shapes] == measured:
+            names = ", ".join(("B", "T", "d_model", "h")[i] for i in order)
+            not_yet(f"your rule's parameters are in another order: it gives the right answer "
+                    f"when called as my_rule({names}), but the check (like the lesson) calls "
+                    f"my_rule(B, T, d_model, h)")
     why = first_match(np.array(mine), [([bool(w(*s)) for s in shapes], why)
                                        for w, why in MISTAKES])
     if why is not None:
