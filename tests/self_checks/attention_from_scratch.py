@@ -56,6 +56,7 @@ CASES = [
                       lambda: (RIGHT_BY_HAND.tolist(),),
                       lambda: (np.tri(T, dtype=bool) & ~np.tri(T, k=-3, dtype=bool),)],
          wrong={"plain causal mask": lambda: (_mask(lambda t, s: s <= t),),
+                "it is inverted, True where attention is blocked": lambda: (~RIGHT.T,),  # and .T
                 "window of 2": lambda: (_mask(lambda t, s: t - 1 <= s <= t),),
                 "window of 4": lambda: (_mask(lambda t, s: t - 3 <= s <= t),),
                 "transposed": lambda: (RIGHT_BY_HAND.T,),

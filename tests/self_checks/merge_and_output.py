@@ -18,6 +18,7 @@ CASES = [
                       lambda: (np.array([15, 15, 15, 15]),),  # one count per head, all the same
                       lambda: (np.array([[15]]),)],
          wrong={"diagonal counted in": lambda: (21,),
+                "count for a sequence of 8 tokens": lambda: (28,),
                 "every weight of a head": lambda: (36,),
                 "one zero per row": lambda: (6,),
                 "with the mask off": lambda: (0,),

@@ -79,6 +79,8 @@ CASES = [
                                & steps.causal_mask(T),)],  # steps may give the triangle
          wrong={"query term is missing": lambda: (built(lambda real, le, tri, keys, rows: keys & tri),),
                 "that is left padding": lambda: (left_padded,),
+                "it is inverted, True where attention is blocked":  # and no causal triangle
+                    lambda: (built(lambda real, le, tri, keys, rows: ~(keys & rows)),),
                 "off by one:": lambda: (built(lambda real, le, tri, keys, rows:
                                               le[:, None, None, :] & le[:, None, :, None] & tri),),
                 "off by one on the query term": lambda: (built(lambda real, le, tri, keys, rows:

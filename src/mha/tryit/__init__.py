@@ -146,12 +146,22 @@ def transposed_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> st
             f"turned round, {why}")
 
 
-def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> str | None:
+def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
+                   want: Any = None) -> str | None:
     """For a boolean mask that fits no mistake: does its negation fit one (perhaps turned round
-    too)? Then both slips are named: the convention (True = blocked) and the other."""
+    too)? Then both slips are named: the convention (True = blocked) and the other. A mask that
+    is just the right one inverted (`want` given) is left to mask_verdict."""
     got = np.asarray(got)
-    if got.dtype != np.bool_:
+    if got.dtype != np.bool_ or not got.any() or got.all():  # all or nothing: said plainly
         return None
+    if want is not None:
+        want = np.asarray(want, dtype=bool)
+        if np.array_equal(~got, want):
+            return None
+        if got.ndim >= 2 and np.array_equal(np.swapaxes(~got, -1, -2), want):
+            return ("two slips: it is inverted, True where attention is blocked (torch's "
+                    "key_padding_mask convention; here True means may attend), and transposed "
+                    "(rows must be the queries, columns the keys)")
     mistakes = list(mistakes)
     why = first_match(~got, mistakes) or transposed_match(~got, mistakes)
     if why is None:

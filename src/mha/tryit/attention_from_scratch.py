@@ -9,6 +9,7 @@ import numpy as np
 from .. import compose, masks
 from . import (
     first_match,
+    inverted_match,
     mask_verdict,
     not_tried,
     not_yet,
@@ -167,7 +168,8 @@ def check_window_mask(allowed: Any, T: int = 8, window: int = 3) -> str:
         return right(f"row t sees keys t-{window - 1} .. t (fewer at the start), so "
                      f"masked_softmax(zeros, allowed) spreads 1/{window} over the last {window} "
                      f"tokens: a moving average{_USE[convention]}")
-    why = first_match(got, _mistakes(T, window)) or transposed_match(got, _mistakes(T, window))
+    why = first_match(got, _mistakes(T, window)) or transposed_match(got, _mistakes(T, window)) \
+        or inverted_match(got, _mistakes(T, window), want)
     if why is not None:
         not_yet(why)
     other = mask_verdict(allowed, want, "allowed")  # inverted, 0 and -inf swapped, shifted ...

@@ -79,6 +79,8 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
             (g * (w - wg), "the two arguments swapped: yours treats dweights as the weights and "
                            "the weights as dweights; the function is called as (dweights, "
                            "weights), in that order"),
+            (-w * wg, "diag(w) is missing: only the -w w^T part of the Jacobian is left. J has "
+                      "w_i on its diagonal as well as -w_i w_j everywhere"),
             (w * (g + wg), "the outer product's sign: J = diag(w) + w w^T where the minus belongs "
                            "(the off-diagonal entries of softmax's Jacobian are -w_i w_j)"),
             (wg * (1 - w), "diag(w) without its identity: w_i stood in every column of row i's J, "
@@ -106,7 +108,9 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
             (w * (g - wg) / math.sqrt(S), "1/sqrt(S) of the right gradient: the softmax backward "
                                           "has no scale; 1/sqrt(d_k) belongs to the scores' step"),
         ]
-    return slips
+    flipped = [(-v, f"the sign is flipped as well: yours is minus what this slip gives: {why}")
+               for v, why in slips[:1]]  # -diag(w) g: diag(w) - w w^T with both signs wrong
+    return slips + flipped
 
 
 def _raised_hint(text: str, w: np.ndarray) -> str:

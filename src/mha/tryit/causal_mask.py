@@ -10,6 +10,7 @@ from .. import checks, compose, masks, steps
 from ..numpy_mha import MultiHeadAttention
 from . import (
     first_match,
+    inverted_match,
     mask_verdict,
     not_tried,
     not_yet,
@@ -136,5 +137,6 @@ def check_window(my_window: Any, T: int = 6) -> str:
                                             "steps.causal_mask with one more numpy call")
         return right(f"keys t-2, t-1, t for every query t{_USE[convention]}. In the module: "
                      f"{_after_module(mine, T)}")
-    why = first_match(mine, _mistakes(T)) or transposed_match(mine, _mistakes(T))
+    why = first_match(mine, _mistakes(T)) or transposed_match(mine, _mistakes(T)) \
+        or inverted_match(mine, _mistakes(T), want)
     not_yet(why if why is not None else _unlisted(mine, my_window, want))

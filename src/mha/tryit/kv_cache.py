@@ -27,6 +27,7 @@ from . import (
     refuse_if_reached,
     right,
     self_check,
+    slip_readings,
 )
 
 CASE = dict(B=1, h=8, max_len=1024, d_k=64, itemsize=4)  # float32, the lesson's question
@@ -84,7 +85,7 @@ def _number_mistakes(B: int, h: int, max_len: int, d_k: int, itemsize: int,
         (2 * B * h * max_len * itemsize, "that leaves out d_k: each cached key and value is a "
                                          "vector of d_k numbers per head"),
     ]
-    slips = [("kv", 1 / 2, "K alone (V forgotten)"),
+    slips = [("kv", 1 / 2, "K alone (V forgotten)"), ("kv", 2, "the factor 2 for K and V twice"),
              ("item", 1 / itemsize, "numbers counted, not bytes"),
              ("item", 8 / itemsize, "8 bytes a number (float64)"),
              ("item", 2 / itemsize, "2 bytes a number (float16)"),
@@ -256,6 +257,13 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
         not_yet(f"{name} " + "; and it ".join(told))
     per = base / math.prod(BASE[a] for a in ARGS)  # proportional to each size: only the constant
     said = first_match(per, _CONSTANT_MISTAKES, atol=1e-12)
+    if not said:  # two slips in the constant: K alone and bits, K and V twice and MiB, ...
+        pairs = slip_readings(per, 2.0, [
+            ("kv", 1 / 2, "it counts K alone (V forgotten)"),
+            ("kv", 2, "it counts K and V twice"), ("q", 3 / 2, "it caches the queries too"),
+            ("unit", 8, "it counts bits, not bytes"), ("unit", 2**-20, "it gives MiB"),
+            ("unit", 2**-10, "it gives KiB"), ("layers", 32, "it counts 32 layers")], rtol=1e-9)
+        said = "; or ".join(p.replace(" together with it ", ", and ") for p in pairs) or None
     if said:
         not_yet(f"{name} grows in proportion to every argument, but {said}")
     not_yet(f"{name} grows in proportion to every argument, but "

@@ -67,6 +67,9 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
         (T * T // 2, f"{T * T // 2} is half of the T x T weights: the diagonal belongs to the "
                      f"allowed side (each query sees itself), so the forbidden ones are fewer "
                      f"than half"),
+        *((k * (k - 1) // 2, f"{k * (k - 1) // 2} is the count for a sequence of {k} tokens "
+                             f"(another cell's T?); this question's heads have T = {T}")
+          for k in range(3, 17) if k != T),
     ]
 
 

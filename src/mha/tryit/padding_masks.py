@@ -21,6 +21,7 @@ from .. import steps
 from . import (
     NotYet,
     first_match,
+    inverted_match,
     mask_verdict,
     not_tried,
     not_yet,
@@ -137,6 +138,8 @@ def _judge_pattern(allowed: np.ndarray, convention: str, answer: np.ndarray,
     """The sentence for a mask whose pattern (read in its convention) is wrong."""
     want = _want(lengths, T)
     named = first_match(allowed, _mistakes(lengths, T))
+    if named is None and not np.array_equal(allowed, ~want):
+        named = inverted_match(allowed, _mistakes(lengths, T), want)
     if named is None:
         if np.array_equal(allowed, ~want) and convention == "0/1":  # ~ on integers is no negation
             named = ("your mask is inverted: 1 where attention is blocked and 0 where it is allowed, "
