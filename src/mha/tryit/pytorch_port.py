@@ -227,9 +227,10 @@ def _relate_forward(answer: Callable, module, causal: bool) -> str:
             said = relate(got, want, "forward's output",
                           factors={"sqrt(d_k)": math.sqrt(d_k), "h (the heads)": module.n_heads},
                           rtol=1e-6, atol=1e-9)
-            return (f"forward differs from the numpy module on {case}, in no way a known mistake "
-                    f"explains: {said}. Compare each step with the numpy module's (trace it with "
-                    f"diagnose.trace_values) to find the first that differs")
+            return (f"forward differs from the numpy module on {case} in a way no single known "
+                    f"mistake explains (two slips together?): {said}. Compare each step with the "
+                    f"numpy module's (trace it with diagnose.trace_values) to find the first that "
+                    f"differs")
     return "forward differs from the numpy module on one of the inputs"
 
 
