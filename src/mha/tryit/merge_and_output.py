@@ -46,7 +46,7 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
     """Typical wrong counts of exact zeros per head at length T, each with its mistake."""
     below = T * (T + 1) // 2  # the staircase with its diagonal: the weights that may be non-zero
     upper = T * (T - 1) // 2
-    return [
+    listed = [
         (below, f"{below} is the number of weights that may be non-zero (the staircase, diagonal "
                 f"included), or the zeros with the diagonal counted in: each query sees itself, "
                 f"so the zeros are only the ones strictly above the diagonal"),
@@ -67,10 +67,12 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
         (T * T // 2, f"{T * T // 2} is half of the T x T weights: the diagonal belongs to the "
                      f"allowed side (each query sees itself), so the forbidden ones are fewer "
                      f"than half"),
-        *((k * (k - 1) // 2, f"{k * (k - 1) // 2} is the count for a sequence of {k} tokens "
-                             f"(another cell's T?); this question's heads have T = {T}")
-          for k in range(3, 17) if k != T),
     ]
+    taken = {value for value, _ in listed}
+    return listed + [(k * (k - 1) // 2, f"{k * (k - 1) // 2} is the count for a sequence of {k} "
+                                        f"tokens (another cell's T?); this question's heads have "
+                                        f"T = {T}")
+                     for k in range(3, 17) if k != T and k * (k - 1) // 2 not in taken]
 
 
 @self_check
