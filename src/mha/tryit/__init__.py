@@ -625,7 +625,12 @@ def _ratio_story(r: float, name: str, factors: dict[str, float] | None) -> str:
     if math.isclose(r, -1.0, rel_tol=1e-9):
         return f"{name} has the right size but the wrong sign"
     if not fits:
-        return f"{name} is {_bracket(r)} the right one"
+        words = _bracket(r)
+        if words.startswith("between"):  # the same factor everywhere is itself the clue
+            return (f"{name} is the same multiple of the right one, {words} it: a "
+                    f"constant factor that does not belong (a scale, a rescaling, a count "
+                    f"divided by?)")
+        return f"{name} is {words} the right one"
     named = "; or ".join(dict.fromkeys(fits))
     if len(set(fits)) > 1:
         named += " (two slips give this value)"

@@ -60,6 +60,8 @@ def _mistakes(T: int, window: int) -> list[tuple[np.ndarray, str]]:
                                f"sees keys t+1 .. t+{back}; a moving average of the last "
                                f"{window} tokens sees none after t"),
         (_band(T, 0, 0), "that is the diagonal alone: every token averages only itself"),
+        (_band(T, back, -1), f"the window without the query itself: row t sees keys t-{back} .. "
+                             f"t-1, and row 0 nothing; x_t belongs to its own moving average"),
         (_band(T, T, 0) & ~want, f"that is the rest of the past, the complement of the window: "
                                  f"row t sees the keys more than {back} steps back and not the "
                                  f"last {window} (a tril offset with the wrong sign, or the "

@@ -95,6 +95,9 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
             (w * (g - (w * g).sum(-2, keepdims=True)),
              "w . g summed over axis -2 (the queries): w . g belongs to one query row, a sum over "
              "its keys, the last axis"),
+            (w * (g - (w * g).mean(-1, keepdims=True)), "the mean of w * g where its sum belongs: "
+                                                        "w . g is a sum over the row's keys, not "
+                                                        "an average"),
             (w * (g - (w * g).sum()), "w . g summed over the whole array, one number for every "
                                       "row: it belongs to one query row"),
             (g - wg, "the factor w in front is missing: every entry of dscores carries its own "
@@ -109,7 +112,7 @@ def _slips(g: np.ndarray, w: np.ndarray) -> list[tuple[np.ndarray, str]]:
                                           "has no scale; 1/sqrt(d_k) belongs to the scores' step"),
         ]
     flipped = [(-v, f"the sign is flipped as well: yours is minus what this slip gives: {why}")
-               for v, why in slips[:1]]  # -diag(w) g: diag(w) - w w^T with both signs wrong
+               for v, why in slips if not why.startswith(("sign flipped", "0 everywhere"))]
     return slips + flipped
 
 

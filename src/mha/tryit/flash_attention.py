@@ -108,6 +108,10 @@ def _mistakes(n: int, T: int, block: int) -> list[tuple[tuple[float, float], str
                           "blocks aligned to the diagonal the staircase cuts one tile per row, the "
                           "one on the diagonal; the tile beside it is wholly visible or wholly "
                           "skipped"),
+        ((tiles - above, on), "the first number counts the computed tiles (partly masked and "
+                              "full), not the skipped ones"),
+        ((on, above + on), "the two counts swapped, and the diagonal tiles counted into the "
+                           "skipped ones: skipped comes first, and a diagonal tile is computed"),
         ((10, 3), "that is the example in the question, (10, 3), which only shows the form: count "
                   "the tiles of this grid"),
         ((0, on), "nothing skipped? A tile whose keys all come after all its queries holds only "

@@ -252,6 +252,16 @@ def _judge_formula(fn: Callable[..., Any]) -> str:
                         + "; or ".join(fits) + (". K alone at 8 bytes a number equals K and V at "
                                                 "float32's 4, which is why the lesson's size "
                                                 "alone could not show it" if cancel else ""))
+    if all(math.isclose(r, 2.0, rel_tol=0.02) for r in grown.values()) and not all(
+            math.isclose(r, 2.0, rel_tol=1e-9) for r in grown.values()):  # // or int() rounds
+        per = base / math.prod(BASE[a] for a in ARGS)
+        said = [why for c, why in _CONSTANT_MISTAKES if math.isclose(per, c, rel_tol=0.05)]
+        if math.isclose(per, 2 / 8, rel_tol=0.05):
+            said.append("it divides by 8, as if itemsize were in bits: it is the bytes of one "
+                        "number already")
+        not_yet(f"{name} rounds its result (a // or int() on the way), so it is not exactly "
+                f"proportional to the sizes" + (": and " + "; or ".join(said) if said else
+                                                "; a byte count needs no rounding"))
     told = _growth_story(grown)
     if told:
         not_yet(f"{name} " + "; and it ".join(told))

@@ -68,11 +68,14 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
                      f"allowed side (each query sees itself), so the forbidden ones are fewer "
                      f"than half"),
     ]
-    taken = {value for value, _ in listed}
-    return listed + [(k * (k - 1) // 2, f"{k * (k - 1) // 2} is the count for a sequence of {k} "
-                                        f"tokens (another cell's T?); this question's heads have "
-                                        f"T = {T}")
-                     for k in range(3, 17) if k != T and k * (k - 1) // 2 not in taken]
+    other = [(k * (k - 1) // 2, f"{k * (k - 1) // 2} is the count for a sequence of {k} tokens "
+                                f"(another cell's T?); this question's heads have T = {T}")
+             for k in range(3, 17) if k != T]
+    other += [(k * (k + 1) // 2, f"{k * (k + 1) // 2} counts the diagonal in, for a sequence of "
+                                 f"{k} tokens (another cell's T?); this question's heads have "
+                                 f"T = {T}, and each query sees itself")
+              for k in range(3, 17) if k != T]
+    return listed + [(v, why) for v, why in other if v != T * T]  # T x T said plainly
 
 
 @self_check

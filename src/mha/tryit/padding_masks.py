@@ -31,6 +31,7 @@ from . import (
     right,
     run_student,
     self_check,
+    transposed_match,
 )
 
 LENGTHS = (5, 3, 1)
@@ -139,7 +140,8 @@ def _judge_pattern(allowed: np.ndarray, convention: str, answer: np.ndarray,
     want = _want(lengths, T)
     named = first_match(allowed, _mistakes(lengths, T))
     if named is None and not np.array_equal(allowed, ~want):
-        named = inverted_match(allowed, _mistakes(lengths, T), want)
+        named = inverted_match(allowed, _mistakes(lengths, T), want) \
+            or transposed_match(allowed, _mistakes(lengths, T))
     if named is None:
         if np.array_equal(allowed, ~want) and convention == "0/1":  # ~ on integers is no negation
             named = ("your mask is inverted: 1 where attention is blocked and 0 where it is allowed, "

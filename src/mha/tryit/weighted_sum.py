@@ -87,6 +87,9 @@ def _mistakes(v: np.ndarray, causal: bool) -> list[tuple[np.ndarray, str]]:
                                "up to 1, and yours add up to the number of keys it sees"),
         (np.cumsum(v, axis=2) / (counts + 1), "divided by t + 2: off by one, count the keys "
                                               "0..t that query t sees, itself included"),
+        (np.cumsum(v, axis=2) / np.maximum(counts - 1, 1),
+         "the running sum divided by t (query 0 by 1): off by one, query t sees t + 1 keys, "
+         "0..t, itself included"),
         (np.cumsum(v, axis=2) / T, f"the running sum divided by T = {T} for every row: only the "
                                    f"last query sees all {T} keys, so the others' weights add "
                                    f"up to less than 1"),
