@@ -58,6 +58,8 @@ def _zero_mistakes(T: int) -> list[tuple[int, str]]:
         (T * (T - 1), f"{T * (T - 1)} counts both triangles: the mask forbids only the keys after "
                       f"the query, above the diagonal"),
         (HEADS * upper, f"{HEADS * upper} counts all {HEADS} heads: the question is per head"),
+        *((k * upper, f"{k * upper} is the zeros of {k} heads: the question is per head")
+          for k in range(2, HEADS)),
         (HEADS * below, f"{HEADS * below} counts the staircase (the weights that may be non-zero) "
                         f"in all {HEADS} heads: the question is the zeros of one head"),
         ((T - 1) * (T - 2) // 2, "off by one: the first key after the query, s = t + 1, is "

@@ -89,7 +89,7 @@ def _mistakes(lengths: Sequence[int], T: int) -> list[tuple[np.ndarray, str]]:
          f"sees nothing"),
         (keys & rows, "the causal triangle is missing: real queries also see later real keys, but "
                       "a decoder's query t sees only the keys s at or before it"),
-        (keys & rows & tri.T, "the triangle is the upper one: query t sees the keys s >= t, the "
+        (keys & rows & tri.T, "the triangle is transposed, the upper one: query t sees the keys s >= t, the "
                               "future, instead of those at or before it"),
         (~keys & rows & tri, "the key term is inverted: True on the padded keys and False on the "
                              "real ones, so every real query is left with nothing it may attend "

@@ -278,10 +278,12 @@ def check_forward(answer: Any, module, causal: bool = True) -> str:
                              if _same(out, want)))
     if own:
         not_yet(own[0] if len(own) == 1 else "two slips give this same output: " + "; or ".join(own))
+    in_torch = verdict.message.replace(  # diagnose speaks numpy; this lesson is torch
+        "transpose(0, 2, 1, 3)", ".transpose(1, 2) (numpy's transpose(0, 2, 1, 3))")
     if verdict.bug in _PLANTED_IN_TORCH:
-        not_yet(f"{_PLANTED_IN_TORCH[verdict.bug]}. {verdict.message}")
+        not_yet(f"{_PLANTED_IN_TORCH[verdict.bug]}. {in_torch}")
     if verdict.bug is not None:
-        not_yet(verdict.message)
+        not_yet(in_torch)
     not_yet(_relate_forward(answer, module, causal))
 
 
