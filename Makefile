@@ -21,6 +21,7 @@ TEACHER ?= 0
 
 .PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
 .PHONY: student-pack gpu-check
+.PHONY: assignment check
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
@@ -34,6 +35,8 @@ help:
 	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers)"
 	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs (A=A1 STUDENT=alice)"
 	@echo "make report     feedback and CSVs again after hand-grading written answers"
+	@echo "make assignment A=A1  self-study: the released A1 (no answers) into $(WORK)/A1/"
+	@echo "make check A=A1       self-study: grade $(WORK)/A1/ with the course's autograder (OPEN=1 opens the feedback)"
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -160,6 +163,17 @@ grade: $(VENV)/.dev-installed
 # After grading written answers by hand: feedback and CSVs again, without re-running the grader.
 report: $(VENV)/.dev-installed
 	$(BIN)/python $(COURSE)/course.py report $(A) $(foreach s,$(STUDENT),--student $(s))
+
+# Self-study, no teacher needed: `make assignment A=A1` copies A1's released notebook (no
+# solutions, no hidden tests: leak-checked) into $(WORK)/A1/; `make check A=A1` grades it with
+# the course's autograder and writes $(WORK)/A1/feedback.html (OPEN=1 opens it). The private
+# course it grades in is cached in $(VENV)/self-study/; see notebooks/assignments/self_study.py.
+WORK ?= $(HOME)/attention-by-hand-work
+assignment: $(VENV)/.dev-installed
+	@$(BIN)/python $(COURSE)/self_study.py start $(A) --work "$(WORK)"
+
+check: $(VENV)/.dev-installed
+	@$(BIN)/python $(COURSE)/self_study.py check $(A) --work "$(WORK)" $(if $(filter 1,$(OPEN)),--open,)
 
 demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha

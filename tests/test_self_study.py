@@ -1,0 +1,123 @@
+"""Self-study (`make assignment A=A1`, `make check A=A1`): the assignments without a teacher.
+
+One private course is cached for the module (tmp, never the venv's) and A1 is started in a tmp
+work folder: the learner's copy is the released notebook, leak-checked; grading it untouched
+gives 0 points and a feedback page, grading the model solution gives every autograded point;
+a planted answer in the release stops `start` before anything reaches the work folder.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import nbformat
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+COURSE = ROOT / "notebooks" / "assignments"
+sys.path.insert(0, str(COURSE))
+import course  # noqa: E402
+import self_study  # noqa: E402
+import student_pack  # noqa: E402
+
+A1 = "A1_seven_steps"
+
+
+@pytest.fixture(scope="module")
+def started(tmp_path_factory) -> tuple[Path, Path, Path]:
+    """(work folder, cache, the learner's notebook) after `start A1`."""
+    tmp = tmp_path_factory.mktemp("self-study")
+    work, cache = tmp / "work", tmp / "cache"
+    return work, cache, self_study.start("A1", work, cache)
+
+
+def test_start_copies_the_release_and_nothing_secret(started):
+    work, cache, notebook = started
+    assert notebook == work / "A1" / f"{A1}.ipynb"
+    released = cache / A1 / "course" / "release" / A1 / f"{A1}.ipynb"
+    assert notebook.read_bytes() == released.read_bytes()
+    text = "\n".join(p.read_text() for p in work.rglob("*") if p.is_file())
+    for begin, end in student_pack.MARKERS.values():
+        assert begin not in text and end not in text
+    assert not (work / "A1" / "source").exists() and not list(work.rglob("gradebook.db"))
+    assert student_pack.check_leaks(work, COURSE / "source", ROOT).ok
+
+
+def test_start_never_overwrites_work(started):
+    work, cache, notebook = started
+    with pytest.raises(FileExistsError, match="your work is kept"):
+        self_study.start("A1", work, cache)
+
+
+def test_an_untouched_notebook_scores_zero_with_a_feedback_page(started):
+    work, cache, _ = started
+    result = self_study.check("A1", work, cache)
+    assert result.score == 0 and result.max_score > 0
+    assert result.feedback == work / "A1" / "feedback.html"
+    assert result.feedback.is_file() and "<html" in result.feedback.read_text().lower()
+    assert f"score: 0 / {result.max_score:g}" in result.summary()
+    assert str(result.feedback) in result.summary()
+
+
+def test_the_model_solution_scores_every_autograded_point(started):
+    work, cache, notebook = started
+    saved = notebook.read_bytes()
+    try:
+        model = course.model_submission(A1, cache / A1 / "course")
+        nbformat.write(model, notebook)
+        result = self_study.check("A1", work, cache)
+        assert result.score == result.max_score > 0
+        assert result.written >= 1 and "not graded automatically" in result.summary()
+    finally:
+        notebook.write_bytes(saved)
+
+
+def test_a_planted_answer_stops_start_before_the_work_folder(started, tmp_path):
+    _, cache, _ = started
+    bad_cache = tmp_path / "cache"
+    shutil.copytree(cache, bad_cache)
+    release = bad_cache / A1 / "course" / "release" / A1 / f"{A1}.ipynb"
+    source = nbformat.read(COURSE / "source" / A1 / f"{A1}.ipynb", as_version=4)
+    answer = next(c.source for c in source.cells
+                  if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"
+                  and "### BEGIN SOLUTION" in c.source)
+    nb = json.loads(release.read_text())
+    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": answer.split(
+        "### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]})
+    release.write_text(json.dumps(nb))
+    work = tmp_path / "work"
+    with pytest.raises(RuntimeError, match=r"(?s)refusing to copy into .*/work/A1: .*LEAK .*a1-"):
+        self_study.start("A1", work, bad_cache)
+    assert not list(work.rglob("*.ipynb"))
+
+
+@pytest.mark.parametrize("name", ["A9", "B1", "", "A"])
+def test_a_bad_name_is_a_clear_error(name, tmp_path, capsys):
+    with pytest.raises(ValueError, match="choose one of A1, A2"):
+        self_study.resolve(name)
+    assert self_study.main(["check", name, "--work", str(tmp_path)]) == 2
+    assert "choose one of A1" in capsys.readouterr().err
+
+
+def test_check_before_start_says_how_to_start(tmp_path, capsys):
+    assert self_study.main(["check", "A2", "--work", str(tmp_path),
+                            "--cache", str(tmp_path / "c")]) == 2
+    assert "make assignment A=A2" in capsys.readouterr().err
+
+
+def test_the_make_targets_call_the_tool():
+    out = subprocess.run(["make", "-n", "assignment", "check", "A=A1", "WORK=/tmp/w", "OPEN=1",
+                          f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True, text=True,
+                         check=True).stdout
+    assert "self_study.py start A1 --work \"/tmp/w\"" in out
+    assert "self_study.py check A1 --work \"/tmp/w\" --open" in out
+
+
+def test_lesson_00_tells_a_self_learner_how():
+    overview = nbformat.read(ROOT / "notebooks" / "00_overview.ipynb", as_version=4)
+    text = "\n".join(c.source for c in overview.cells)
+    assert "make assignment A=A1" in text and "make check A=A1" in text
