@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import types
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -414,22 +415,65 @@ _FORWARD_NEEDS = ("split_heads", "merge_heads", "scaled_scores", "causal_mask", 
 """The steps a student's forward (A1) calls by name: put in when missing."""
 
 
+def _students_functions(namespace: dict) -> list[types.FunctionType]:
+    """The plain functions in `namespace` that are not the package's or a library's."""
+    return [v for v in namespace.values() if isinstance(v, types.FunctionType)
+            and not integrity.is_library_code(v.__code__)]
+
+
+def _rebound(namespace: dict, old: dict[int, Any], refs: dict[int, Callable]) -> list[Callable[[], None]]:
+    """Point the student's aliases, default arguments and closure cells that hold one of `old`
+    (by id) at its reference; return the undo steps."""
+    undo: list[Callable[[], None]] = []
+    for name, value in list(namespace.items()):
+        if id(value) in old and value is old[id(value)]:
+            undo.append(lambda name=name, value=value: namespace.__setitem__(name, value))
+            namespace[name] = refs[id(value)]
+    for fn in _students_functions(namespace):
+        if fn.__defaults__ and any(id(d) in old for d in fn.__defaults__):
+            undo.append(lambda fn=fn, d=fn.__defaults__: setattr(fn, "__defaults__", d))
+            fn.__defaults__ = tuple(refs.get(id(d), d) for d in fn.__defaults__)
+        if fn.__kwdefaults__ and any(id(d) in old for d in fn.__kwdefaults__.values()):
+            undo.append(lambda fn=fn, d=fn.__kwdefaults__: setattr(fn, "__kwdefaults__", d))
+            fn.__kwdefaults__ = {k: refs.get(id(d), d) for k, d in fn.__kwdefaults__.items()}
+        for cell in fn.__closure__ or ():
+            try:
+                held = cell.cell_contents
+            except ValueError:  # an empty cell
+                continue
+            if id(held) in old and held is old[id(held)]:
+                undo.append(lambda cell=cell, held=held: setattr(cell, "cell_contents", held))
+                cell.cell_contents = refs[id(held)]
+    return undo
+
+
 @contextmanager
 def swapped_in(namespace: dict, refs: Mapping[str, Callable],
                needed: tuple[str, ...] = ()) -> Iterator[list[str]]:
     """Names in `namespace` (and missing ones from `needed`) set to `refs` within the block:
-    `reference_steps` for any parts (A5's backward uses it)."""
+    `reference_steps` for any parts (A5's backward uses it).
+
+    The student's other handles on a replaced function follow it: an alias (`update =
+    online_update`), a default argument (`fold=online_update`) or a closure's cell, so a later
+    part that reaches an earlier one any of those ways is judged with the reference too.
+    """
     present = [n for n in refs if n in namespace]
     missing = [n for n in needed if n in refs and n not in namespace]
     for n in missing:
         print(f"note: {n} is not defined (did its cell fail to run, or was it renamed?): this "
               f"part runs with the reference {n} in its place, so only {n}'s own part loses "
               f"points")
+    old = {id(namespace[n]): namespace[n] for n in present if callable(namespace[n])}
+    by_id = {id(namespace[n]): refs[n] for n in present if callable(namespace[n])}
     saved = {n: namespace[n] for n in present}
+    undo: list[Callable[[], None]] = []
     try:
+        undo = _rebound(namespace, old, by_id)
         namespace.update({n: refs[n] for n in present + missing})
         yield present + missing
     finally:
+        for step in reversed(undo):
+            step()
         for n in missing:
             namespace.pop(n, None)
         namespace.update(saved)

@@ -19,6 +19,15 @@ the start. On leaving the block a `ReferenceUsed` (an AssertionError) names each
 reference reached, so the part scores 0, and its message carries `[reference used: NAME]`
 for the course's summary to report.
 
+Code made at run time (`exec`, `compile`, `types.FunctionType`, a copied `__code__`) is judged
+by what it is, not where its text came from: a graded function whose code was made that way is
+the student's (its file is `<string>`, once looked through as generated code), and generated
+code that runs in the student's globals is a cell like any other; only code generated inside a
+library or the package (dataclasses, namedtuples) is looked through. A class (or instance)
+whose attributes are package functions (`update = kv_cache._Cache.update` in the class body)
+is caught at the start, and a package method that runs on an instance of the student's class
+is caught when it runs (a method borrowed any other way).
+
 What it cannot see: reference source pasted in by hand (that is copying, for a person to
 judge), and the reference called at the top level of a cell rather than inside the
 graded function (the grader passes values, not code, there).
@@ -26,12 +35,13 @@ graded function (the grader passes values, not code, there).
 
 from __future__ import annotations
 
+import builtins
 import functools
 import inspect
 import os
 import sys
 import sysconfig
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import CodeType, FrameType, ModuleType
 from typing import Any
@@ -58,6 +68,12 @@ def not_a_reference(fn):
 
 class ReferenceUsed(AssertionError):
     """Graded code ran the package's reference for the part it is graded on."""
+
+
+def is_library_code(code: CodeType) -> bool:
+    """Code of the package, the standard library or an installed library (not a student's)."""
+    name = os.path.abspath(code.co_filename) if not code.co_filename.startswith("<") else ""
+    return name.startswith(_PKG_DIR) or name.startswith(_LIBS)
 
 
 def _package_name(filename: str) -> str:
@@ -142,6 +158,54 @@ def _is_package(obj: Any) -> str | None:
     return None
 
 
+def _library_module(name: str | None) -> bool:
+    """Is `name` a module of the package, the standard library or an installed library?
+    (Never `__main__`: the notebook's, even when a library's script runs it.)"""
+    if name == "__main__":
+        return False
+    path = getattr(sys.modules.get(name or ""), "__file__", None)
+    return path is not None and (os.path.abspath(path).startswith(_LIBS)
+                                 or os.path.abspath(path).startswith(_PKG_DIR))
+
+
+def _library_class(klass: Any) -> bool:
+    """A class of a library, the package or Python itself (not the student's)."""
+    module = getattr(klass, "__module__", None)
+    if module == "builtins":
+        return getattr(builtins, getattr(klass, "__name__", ""), None) is klass
+    return _library_module(module)
+
+
+def _members(klass: type) -> Iterator[tuple[str, Any]]:
+    """(name, function) for each attribute of `klass` and its own (non-library) bases."""
+    for k in klass.__mro__:
+        if _library_class(k):
+            continue
+        for name, member in vars(k).items():
+            for part in (member, getattr(member, "fget", None), getattr(member, "fset", None)):
+                if part is not None:
+                    yield name, _unwrap(part)
+
+
+def borrowed(obj: Any, allowed: Callable[[CodeType], bool] = lambda c: False) -> dict[str, str]:
+    """{package function: how} for attributes of the student's class or instance that are the
+    package's own functions (`update = kv_cache._Cache.update` in a class body)."""
+    obj = _unwrap(obj)
+    found: dict[str, str] = {}
+    klass = obj if inspect.isclass(obj) else type(obj)
+    if _library_class(klass) or _is_package(klass):
+        return found
+    pairs = list(_members(klass))
+    if not inspect.isclass(obj):
+        pairs += [(n, _unwrap(v)) for n, v in getattr(obj, "__dict__", {}).items()]
+    for name, fn in pairs:
+        code = getattr(fn, "__code__", None)
+        if isinstance(code, CodeType) and code.co_filename.startswith(_PKG_DIR) \
+                and not allowed(code):
+            found[_dotted(code)] = f"your {klass.__qualname__}.{name} is the package's own"
+    return found
+
+
 class _Watch:
     """The profiler's state for one guarded block."""
 
@@ -161,8 +225,10 @@ class _Watch:
             self.allow_codes |= codes
             self.allow_files |= files
         self.grader = grader
-        self.student = {c.co_filename for w in work for c in _codes_of_work(w)}
+        self.student_codes = {c for w in work for c in _codes_of_work(w)}
+        self.student = {c.co_filename for c in self.student_codes}
         self.kinds: dict[str, str] = {}
+        self.generated: dict[CodeType, str] = {}
         self.watched: dict[CodeType, bool] = {}  # code -> is it forbidden package code?
         self.found: dict[str, str] = {}  # reference -> how it was reached
 
@@ -183,6 +249,35 @@ class _Watch:
                 k = "student" if filename in self.student else "other"
             self.kinds[filename] = k
         return k
+
+    def kind_of(self, frame: FrameType) -> str:
+        """kind() of a frame's file; code generated at run time (`<string>`) by its globals:
+        the student's when it is the work or runs outside a library and the package."""
+        code = frame.f_code
+        k = self.kind(code.co_filename)
+        if k != "neutral":
+            return k
+        k = self.generated.get(code)
+        if k is None:
+            if code in self.student_codes:
+                k = "student"
+            elif _library_module(frame.f_globals.get("__name__")):
+                k = "neutral"
+            else:
+                k = "other"  # made by the student's exec / compile: a cell like any other
+            self.generated[code] = k
+        return k
+
+    def method_of_yours(self, frame: FrameType) -> str | None:
+        """The student's class when a package method runs on its instance (a borrowed method)."""
+        code = frame.f_code
+        if not code.co_argcount or code.co_varnames[0] not in ("self", "cls"):
+            return None
+        obj = frame.f_locals.get(code.co_varnames[0])
+        klass = obj if inspect.isclass(obj) else type(obj)
+        if _library_class(klass) or _is_package(klass):
+            return None
+        return klass.__qualname__
 
     def allowed(self, code: CodeType) -> bool:
         return code in self.allow_codes or code in _NOT_REFERENCES \
@@ -208,6 +303,9 @@ class _Watch:
         ref = _dotted(code)
         if ref in self.found:
             return
+        if (klass := self.method_of_yours(frame)) is not None:
+            self.found[ref] = f"it ran as a method of your {klass}: borrowed from the package"
+            return
         f = frame.f_back
         while f is not None:
             c = f.f_code
@@ -215,7 +313,7 @@ class _Watch:
                 return
             if c.co_name == "<module>":
                 return  # inside an import (class bodies, decorators)
-            k = self.kind(c.co_filename)
+            k = self.kind_of(f)
             if k == "package" and _dotted(c) in self.found:
                 return  # reached inside a reference already named
             if k == "grader":
@@ -265,6 +363,8 @@ def guard(*work: Any, forbid: tuple | None = None, allow: tuple = (),
         code = getattr(_unwrap(w), "__code__", None)
         if (ref := _is_package(w)) and not (code is not None and watch.allowed(code)):
             watch.found[ref] = "it is the package's own, not yours"
+        for ref, how in borrowed(w, watch.allowed).items():
+            watch.found.setdefault(ref, how)
     previous = sys.gettrace()
     sys.settrace(watch)  # 'call' events of Python functions only: no C calls, no lines
     failure: BaseException | None = None
