@@ -80,6 +80,7 @@ def test_a_planted_answer_stops_start_before_the_work_folder(started, tmp_path):
     _, cache, _ = started
     bad_cache = tmp_path / "cache"
     shutil.copytree(cache, bad_cache)
+    self_study.private_course(A1, bad_cache)  # up to date, so the planted copy is used
     release = bad_cache / A1 / "course" / "release" / A1 / f"{A1}.ipynb"
     source = nbformat.read(COURSE / "source" / A1 / f"{A1}.ipynb", as_version=4)
     answer = next(c.source for c in source.cells
@@ -121,3 +122,15 @@ def test_lesson_00_tells_a_self_learner_how():
     overview = nbformat.read(ROOT / "notebooks" / "00_overview.ipynb", as_version=4)
     text = "\n".join(c.source for c in overview.cells)
     assert "make assignment A=A1" in text and "make check A=A1" in text
+
+
+def test_the_cache_is_rebuilt_when_the_course_changes(started, tmp_path):
+    _, cache, _ = started
+    copy = tmp_path / "cache"
+    shutil.copytree(cache, copy)
+    (copy / A1 / "fingerprint").write_text("an older course")
+    stale = copy / A1 / "course" / "release" / A1 / f"{A1}.ipynb"
+    stale.write_text("{}")
+    self_study.private_course(A1, copy)
+    assert (copy / A1 / "fingerprint").read_text() == self_study._fingerprint(A1)
+    assert nbformat.read(stale, as_version=4).cells
