@@ -14,7 +14,7 @@ import sys
 import numpy as np
 import pytest
 
-from mha import diagnose, diagnose_flash, integrity
+from mha import diagnose, diagnose_flash, integrity, kv_cache
 
 STUDENT = '''
 import math
@@ -58,6 +58,7 @@ def calls_exec_helper(s):
 
 
 alias = steps.softmax
+package_code = types.FunctionType(steps.softmax.__code__, globals(), "package_code")
 
 
 # ---- (b) classes that borrow the package's methods
@@ -162,7 +163,8 @@ def _verdict(fn) -> str:
 
 
 @pytest.mark.parametrize("name", ["exec_wrapper", "compile_wrapper", "function_type", "copied_code",
-                                  "exec_closure", "calls_exec_helper", "alias"])
+                                  "exec_closure", "calls_exec_helper", "alias",
+                                  "package_code"])
 def test_code_made_at_run_time_is_the_students(student, name):
     said = _verdict(getattr(student, name))
     assert "[reference used: mha.steps.softmax]" in said, f"{name}: {said}"
@@ -235,3 +237,10 @@ def test_swapped_in_leaves_the_package_and_other_values_alone():
         assert later(np.ones(1))[0] == 0
     assert ns["step"] is np.add and ns["other"] is np.add and later.__defaults__ == (np.add,)
     assert diagnose.as_bool.__defaults__ is pkg_defaults
+
+
+def test_the_grader_may_run_a_package_method_on_the_students_object(student):
+    cache = student.OwnCache()
+    cache.length = 3
+    with integrity.guard(student.OwnCache):
+        assert kv_cache._Cache.__len__(cache) == 3  # the grader's own call, not a borrowed method

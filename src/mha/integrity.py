@@ -269,7 +269,8 @@ class _Watch:
         return k
 
     def method_of_yours(self, frame: FrameType) -> str | None:
-        """The student's class when a package method runs on its instance (a borrowed method)."""
+        """The student's class when a package method it holds (in its class or instance) runs on
+        its instance: a method borrowed from the package."""
         code = frame.f_code
         if not code.co_argcount or code.co_varnames[0] not in ("self", "cls"):
             return None
@@ -277,6 +278,11 @@ class _Watch:
         klass = obj if inspect.isclass(obj) else type(obj)
         if _library_class(klass) or _is_package(klass):
             return None
+        held = [fn for _, fn in _members(klass)]
+        if not inspect.isclass(obj):
+            held += [_unwrap(v) for v in getattr(obj, "__dict__", {}).values()]
+        if not any(getattr(fn, "__code__", None) is code for fn in held):
+            return None  # the grader ran the package's method on the student's object itself
         return klass.__qualname__
 
     def allowed(self, code: CodeType) -> bool:
