@@ -293,3 +293,65 @@ def test_in_the_browser(page, tmp_path):
             browser.close()
     fb.screenshot(out, REPORTS / "feedback-screenshot.png")
     assert (REPORTS / "feedback-screenshot.png").stat().st_size > 10_000
+
+
+JARGON = ("hbm_bytes(4, 8, 2) = 96, want 64: the (T, S) matrix is moved four times, not twice "
+          "[matches planted mistake 'ts_twice']")
+
+
+def _jargon_nb() -> nbformat.NotebookNode:
+    """A notebook whose failing check speaks the grader's jargon (message and traceback)."""
+    out = _error("AssertionError", JARGON, [_frame("Cell In[2], line 2", [(2, "check()")], 2)])
+    out["traceback"].append(f"\x1b[0;31mAssertionError\x1b[0m: {JARGON}")
+    cells = [new_code_cell("def hbm_bytes(T, S, d, b):\n    return 96",
+                           metadata=_meta("a9-bytes", solution=True), execution_count=1),
+             new_code_cell("# Part 1 test (1 point)\ncheck()",
+                           metadata=_meta("a9-bytes-tests", grade=True, locked=True, points=1),
+                           execution_count=2, outputs=[out])]
+    return new_notebook(cells=cells)
+
+
+def test_the_feedback_speaks_without_grader_jargon():
+    nb = _jargon_nb()
+    parts = [fb.PartResult("a9-bytes-tests", 0.0, 1.0, False)]
+    (line,) = fb.part_lines(nb, parts, TIMEOUT_S)
+    assert "planted" not in line.message and "ts_twice" not in line.message
+    assert line.message.startswith("hbm_bytes(4, 8, 2) = 96, want 64: the (T, S) matrix is moved")
+    assert line.message.endswith("(a mistake we know: your numbers are exactly the ones it gives)")
+    text = page_text(fb.render(nb, parts, student="bob", assignment="A9_demo", timeout_s=TIMEOUT_S))
+    assert "planted" not in text and "ts_twice" not in text
+
+
+@pytest.mark.parametrize("raw, plain", [
+    ("wrong at step 3 [case: window=4, prompts [5, 3] left-padded; matches planted mistake "
+     "'keys_at_slots']", "wrong at step 3 [case: window=4, prompts [5, 3] left-padded] "
+     "(a mistake we know: your numbers are exactly the ones it gives)"),
+    ("no known mistake fits [case: window=4, chunks [1, 2]]",
+     "no known mistake fits [case: window=4, chunks [1, 2]]"),
+    ("Every gradient equals a backward with a planted mistake in delta (step 2): x [matches "
+     "planted bug 'delta_from_dout']", "Every gradient equals a backward with the mistake in "
+     "delta (step 2): x (a mistake we know: your numbers are exactly the ones it gives)"),
+    ("double: right on 3 cases", "double: right on 3 cases"),
+])
+def test_plain_words(raw, plain):
+    assert fb.plain_words(raw) == plain
+
+
+def test_a_deleted_test_cell_is_told_in_its_row_and_in_the_cell(tmp_path):
+    import course  # the note course.py writes, so that the two cannot drift apart
+
+    nb = autograded()
+    name, gid = "A9_demo", "a9-double-tests"
+    (tmp_path / "release" / name).mkdir(parents=True)
+    (tmp_path / "submitted" / "bob" / name).mkdir(parents=True)
+    nbformat.write(nb, tmp_path / "release" / name / f"{name}.ipynb")
+    gone = new_notebook(cells=[c for c in nb.cells if c.metadata.get("nbgrader", {}).get("grade_id") != gid])
+    nbformat.write(gone, tmp_path / "submitted" / "bob" / name / f"{name}.ipynb")
+    notes = course._notes(name, "bob", tmp_path)
+    assert fb.restored_cells(notes) == {gid: "deleted"}
+    by = {ln.grade_id: ln for ln in fb.part_lines(nb, PARTS, TIMEOUT_S, fb.restored_cells(notes))}
+    assert by[gid].message == LONG + "\n" + fb.restored_message("deleted")
+    assert "deleted" not in by["a9-double-more"].message
+    page = fb.render(nb, PARTS, student="bob", assignment=name, timeout_s=TIMEOUT_S, notes=notes)
+    assert page.count('class="fb-restored"') == 1
+    assert "You had deleted this test cell; it was put back from the original" in page_text(page)

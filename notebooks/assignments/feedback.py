@@ -2,7 +2,8 @@
 
     render(nb, parts, student=..., assignment=..., timeout_s=...)  -> the whole HTML page
     write(autograded_ipynb, out_html, parts, ...)                  -> the same, to a file
-    part_lines(nb, parts, timeout_s)                               -> the per-part rows
+    part_lines(nb, parts, timeout_s, restored)                     -> the per-part rows
+    plain_words(message)                                           -> a check's message, no jargon
     screenshot(html_path, png_path)                                -> a PNG of the first screen
 
 `nb` is the autograded notebook (autograded/STUDENT/NAME/NAME.ipynb) and `parts` the grades of
@@ -17,7 +18,7 @@ from __future__ import annotations
 import copy
 import html
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -77,6 +78,37 @@ _LINENO = re.compile(r"^\s*(?:-*>\s*)?\d+\s?")  # IPython's "----> 12 " / "     
 
 def _num(x: float) -> str:
     return f"{x:g}"
+
+
+_CASE = r"(?:[^\[\]]|\[[^\[\]]*\])*?"  # a case's text, lists like [5, 3] allowed
+_KNOWN = "a mistake we know: your numbers are exactly the ones it gives"
+_PLAIN = (  # grader jargon in the checks' messages -> plain words (first match wins per spot)
+    (re.compile(rf"\[case: ({_CASE}); matches planted (?:mistake|bug) '[^']*'\]"),
+     rf"[case: \1] ({_KNOWN})"),
+    (re.compile(r"\[matches planted (?:mistake|bug) '[^']*'\]"), f"({_KNOWN})"),
+    (re.compile(r"\bwith a planted (mistake|bug)\b"), r"with the \1"),
+)
+_RESTORED = re.compile(r"The locked cell (\S+) was (deleted|edited); it was restored")
+
+
+def plain_words(text: str) -> str:
+    """A check's message without grader jargon ("matches planted mistake 'ts_twice'")."""
+    for pat, repl in _PLAIN:
+        text = pat.sub(repl, text)
+    return text
+
+
+def restored_cells(notes: Iterable[str]) -> dict[str, str]:
+    """{grade_id: 'deleted' or 'edited'} for the locked cells the notes say were restored."""
+    return {m.group(1): m.group(2) for n in notes for m in [_RESTORED.search(n)] if m}
+
+
+def restored_message(how: str) -> str:
+    """What a part's row says when its test cell was put back before grading."""
+    if how == "deleted":
+        return ("You had deleted this test cell; it was put back from the original "
+                "and graded as usual.")
+    return "You had changed this test cell; the original was put back and graded as usual."
 
 
 def strip_ansi(text: str) -> str:
@@ -195,6 +227,11 @@ def _error_line(err) -> str:
 
 def diagnose_error(err, nb, timeout_s: float) -> str:
     """One error output in plain words (the full message, never cut)."""
+    return plain_words(_diagnose_error(err, nb, timeout_s))
+
+
+def _diagnose_error(err, nb, timeout_s: float) -> str:
+    """diagnose_error before the jargon is translated."""
     ename = err.get("ename", "Error")
     value = _clean(err.get("evalue", "")).strip()
     if ename in TIMEOUTS:
@@ -244,9 +281,13 @@ def _inferred_score(cell) -> float | None:
     return points
 
 
-def part_lines(nb, parts: Iterable[PartResult], timeout_s: float) -> list[Line]:
-    """One Line per graded cell of `nb`, in notebook order (parts not in `nb` come last)."""
+def part_lines(nb, parts: Iterable[PartResult], timeout_s: float,
+               restored: Mapping[str, str] | None = None) -> list[Line]:
+    """One Line per graded cell of `nb`, in notebook order (parts not in `nb` come last).
+
+    restored: {grade_id: 'deleted' or 'edited'} of test cells put back before grading."""
     by_id = {p.grade_id: p for p in parts}
+    restored = restored or {}
     lines: list[Line] = []
     seen = set()
     for i, cell in enumerate(nb.cells):
@@ -282,12 +323,14 @@ def part_lines(nb, parts: Iterable[PartResult], timeout_s: float) -> list[Line]:
                 status, msg = "pending", "not graded yet"
             elif score >= max_score and max_score > 0 or (max_score == 0 and diag is None):
                 out = [s for s in _stream(cell, "stdout").splitlines() if s.strip()]
-                status, msg = "pass", (out[-1].strip() if out else "passed")
+                status, msg = "pass", plain_words(out[-1].strip()) if out else "passed"
             else:
                 status = "partial" if score > 0 else "fail"
                 if diag is None and cell.get("execution_count") is None and not cell.outputs:
                     diag = "this cell did not run (did the kernel stop before it?)"
                 msg = diag or ("partial credit" if score > 0 else "failed")
+        if gid in restored:
+            msg = f"{msg}\n{restored_message(restored[gid])}"
         lines.append(Line(gid, label, score, max_score, manual, status, msg, cid))
     for p in by_id.values():
         if p.grade_id not in seen:
@@ -348,7 +391,7 @@ def clean_traceback(tb: Sequence[str], test_counts: set[int], hidden: set[str]) 
                 blocks.append(GRADER_LINE)
             continue
         block = re.sub(r"^(\w+) {2,}(Traceback \(most recent call last\))", r"\1  \2", block)
-        blocks.append(shorten_paths(block).rstrip("\n"))
+        blocks.append(plain_words(shorten_paths(block)).rstrip("\n"))
     return "\n".join(blocks)
 
 
@@ -364,8 +407,17 @@ def _details(cell, diag: str, test_counts: set[int], hidden: set[str], keep_hidd
     return nbformat.v4.new_output("display_data", data={"text/html": markup, "text/plain": diag})
 
 
-def for_students(nb, timeout_s: float, *, keep_hidden_tests: bool = False):
-    """A copy of `nb` as the student may see it: hidden tests out, errors folded."""
+def _restored_note(how: str) -> dict:
+    """The output put first in a test cell that was put back before grading."""
+    text = restored_message(how)
+    return nbformat.v4.new_output("display_data", data={
+        "text/html": f'<p class="fb-restored">{html.escape(text)}</p>', "text/plain": text})
+
+
+def for_students(nb, timeout_s: float, *, keep_hidden_tests: bool = False,
+                 restored: Mapping[str, str] | None = None):
+    """A copy of `nb` as the student may see it: hidden tests out, errors folded, restored
+    test cells saying so."""
     original, nb = nb, copy.deepcopy(nb)
     diags = {i: diagnose_error(_errors(c)[0], original, timeout_s)
              for i, c in enumerate(original.cells) if c.cell_type == "code" and _errors(c)}
@@ -394,6 +446,9 @@ def for_students(nb, timeout_s: float, *, keep_hidden_tests: bool = False):
                 out = copy.deepcopy(out)
                 out["text"] = _clean(out.get("text", ""))
             outputs.append(out)
+        gid = _meta(cell).get("grade_id")
+        if restored and gid in restored:
+            outputs.insert(0, _restored_note(restored[gid]))
         cell.outputs = outputs
     return nb
 
@@ -432,6 +487,8 @@ CSS = """
 #fb-summary tr.fb-pending .fb-mark { background: #8c959f; }
 #fb-summary tr.fb-fail td.fb-msg { color: #82071e; }
 #fb-summary .fb-hint { margin: .6rem 0 0 0; color: #656d76; font-size: .9rem; }
+p.fb-restored { margin: .25rem 0; padding: .4rem .6rem; background: #fff8c5;
+  border-left: 4px solid #d4a72c; border-radius: 4px; font-family: system-ui, sans-serif; }
 details.fb-error { margin: .25rem 0; padding: .4rem .6rem; background: #fff5f5;
   border-left: 4px solid #cf222e; border-radius: 4px; font-family: system-ui, -apple-system,
   "Segoe UI", Roboto, Arial, sans-serif; font-size: 15px; line-height: 1.4; max-width: 100%; }
@@ -488,8 +545,9 @@ def render(nb: nbformat.NotebookNode, parts: Sequence[PartResult], *, student: s
     the hidden tests, to prove that the default does not."""
     from nbconvert import HTMLExporter
 
-    lines = part_lines(nb, parts, timeout_s)
-    shown = for_students(nb, timeout_s, keep_hidden_tests=keep_hidden_tests)
+    restored = restored_cells(notes)
+    lines = part_lines(nb, parts, timeout_s, restored)
+    shown = for_students(nb, timeout_s, keep_hidden_tests=keep_hidden_tests, restored=restored)
     exporter = HTMLExporter(template_name="lab", embed_images=True)
     page, _ = exporter.from_notebook_node(
         shown, resources={"metadata": {"name": f"{assignment} feedback: {student}"}})
