@@ -168,11 +168,18 @@ report: $(VENV)/.dev-installed
 # solutions, no hidden tests: leak-checked) into $(WORK)/A1/; `make check A=A1` grades it with
 # the course's autograder and writes $(WORK)/A1/feedback.html (OPEN=1 opens it). The private
 # course it grades in is cached in $(VENV)/self-study/; see notebooks/assignments/self_study.py.
+# Self-study needs nbgrader only, not the test toolchain (transformers, triton, playwright, hub).
 WORK ?= $(HOME)/attention-by-hand-work
-assignment: $(VENV)/.dev-installed
+$(VENV)/.grader-installed: requirements-dev.txt $(VENV)/.lab-installed
+	$(INSTALL) -q "$$(grep -E '^nbgrader==' requirements-dev.txt)"
+	@$(PIP) uninstall -y -q rfc3987-syntax 2>/dev/null || true  # see .lab-installed: 1-2 s per process
+	@$(MAKE) -s nbgrader-ui TEACHER=0
+	@touch $@
+
+assignment: $(VENV)/.grader-installed
 	@$(BIN)/python $(COURSE)/self_study.py start $(A) --work "$(WORK)"
 
-check: $(VENV)/.dev-installed
+check: $(VENV)/.grader-installed
 	@$(BIN)/python $(COURSE)/self_study.py check $(A) --work "$(WORK)" $(if $(filter 1,$(OPEN)),--open,)
 
 demo: $(VENV)/.lab-installed

@@ -110,12 +110,14 @@ def test_check_before_start_says_how_to_start(tmp_path, capsys):
     assert "make assignment A=A2" in capsys.readouterr().err
 
 
-def test_the_make_targets_call_the_tool():
+def test_the_make_targets_call_the_tool_after_installing_nbgrader_only(tmp_path):
     out = subprocess.run(["make", "-n", "assignment", "check", "A=A1", "WORK=/tmp/w", "OPEN=1",
-                          f"VENV={ROOT / '.venv'}"], cwd=ROOT, capture_output=True, text=True,
+                          f"VENV={tmp_path / 'venv'}"], cwd=ROOT, capture_output=True, text=True,
                          check=True).stdout
     assert "self_study.py start A1 --work \"/tmp/w\"" in out
     assert "self_study.py check A1 --work \"/tmp/w\" --open" in out
+    assert "'^nbgrader==' requirements-dev.txt" in out  # the grader, from its pin
+    assert "-r requirements-dev.txt" not in out  # not the test toolchain
 
 
 def test_lesson_00_tells_a_self_learner_how():
