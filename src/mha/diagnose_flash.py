@@ -510,7 +510,8 @@ def planted_backward(delta: str = "right", p_from: str = "lse", scale: bool = Tr
         S = k.shape[2]
         sc = 1.0 / math.sqrt(d_k)
         dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-        rows = dout.sum(axis=-1) if delta == "dout" else (dout * out).sum(axis=-1)  # (B, h, T)
+        rows = {"dout": dout.sum(axis=-1), "dout_sq": (dout * dout).sum(axis=-1)}.get(
+            delta, (dout * out).sum(axis=-1))  # (B, h, T)
         base = np.where(np.isfinite(lse), lse, 0.0)
         for s0 in range(0, S, block_k):
             s1 = min(s0 + block_k, S)
@@ -557,6 +558,9 @@ BACKWARD_MISTAKES: dict[str, tuple[Callable, str]] = {
     "delta_from_dout": (planted_backward(delta="dout"),
                         "delta came from dout alone: it is rowsum(dout * out), one number per query row "
                         "(it equals rowsum(P * dP) over all the keys, which no single tile holds)"),
+    "delta_dout_squared": (planted_backward(delta="dout_sq"),
+                           "delta = rowsum(dout * dout): it pairs dout with out, the forward's "
+                           "output, one number per query row (rowsum(P * dP) over all the keys)"),
     "delta_from_tile": (planted_backward(delta="tile"),
                         "delta came from this tile's P and dP only: it is the sum over ALL the keys of the "
                         "row, rowsum(P * dP) = rowsum(dout * out); compute it once from dout and out"),

@@ -381,7 +381,20 @@ class _PositionsInArrivalOrder(_GoodRing):
         return K, V, pos
 
 
+class _CountsPositions(_GoodRing):
+    """Positions made up by counting tokens (seen, seen + 1, ...), not the ones it was given."""
+
+    def update(self, k: np.ndarray, v: np.ndarray, positions: np.ndarray) -> tuple:
+        counted = np.broadcast_to(self.seen + np.arange(k.shape[2]), positions.shape).copy()
+        return super().update(k, v, counted)  # (B, t): the same count for every row
+
+
 RING_MISTAKES: dict[str, tuple[type, str]] = {
+    "ignores_positions": (_CountsPositions,
+        "your ring makes the keys' positions up by counting tokens (0, 1, 2, ...) instead of "
+        "keeping the positions it is given: in a left-padded batch the pads are -1 and each "
+        "prompt counts from its own first token, so counted positions are wrong for every row "
+        "but the longest. Store positions[:, j] with its key and return those"),
     "keeps_oldest": (_KeepsOldest,
         "your cache keeps the OLDEST keys: once its window slots are full it stops writing. A "
         "query reads the last `window` keys, so each new key must overwrite the oldest slot, "
