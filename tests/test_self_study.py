@@ -58,7 +58,8 @@ def test_an_untouched_notebook_scores_zero_with_a_feedback_page(started):
     result = self_study.check("A1", work, cache)
     assert result.score == 0 and result.max_score > 0
     assert result.feedback == work / "A1" / "feedback.html"
-    assert result.feedback.is_file() and "<html" in result.feedback.read_text().lower()
+    page = result.feedback.read_text()
+    assert "<html" in page.lower() and f"{A1}: feedback for you" in page
     assert f"score: 0 / {result.max_score:g}" in result.summary()
     assert str(result.feedback) in result.summary()
 

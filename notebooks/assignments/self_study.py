@@ -34,7 +34,7 @@ import course  # noqa: E402  (the course's own tooling: release, grade)
 import student_pack  # noqa: E402  (the leak check)
 
 DEFAULT_WORK = Path.home() / "attention-by-hand-work"
-STUDENT = "self"  # the one student of a self-study course
+STUDENT = "you"  # the one student of a self-study course (the page says "feedback for you")
 TOOLING = ("nbgrader_config.py", "course.py", "feedback.py")
 
 
