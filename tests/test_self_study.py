@@ -9,6 +9,7 @@ a planted answer in the release stops `start` before anything reaches the work f
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -39,7 +40,10 @@ def test_start_copies_the_release_and_nothing_secret(started):
     work, cache, notebook = started
     assert notebook == work / "A1" / f"{A1}.ipynb"
     released = cache / A1 / "course" / "release" / A1 / f"{A1}.ipynb"
-    assert notebook.read_bytes() == released.read_bytes()
+    mine, release = (nbformat.read(p, as_version=4) for p in (notebook, released))
+    assert [c.metadata for c in mine.cells] == [c.metadata for c in release.cells]
+    assert [c.source for c in mine.cells if c.cell_type == "code"] == \
+        [c.source for c in release.cells if c.cell_type == "code"]
     text = "\n".join(p.read_text() for p in work.rglob("*") if p.is_file())
     for begin, end in student_pack.MARKERS.values():
         assert begin not in text and end not in text
@@ -88,7 +92,7 @@ def test_a_planted_answer_stops_start_before_the_work_folder(started, tmp_path):
                   if c.metadata.get("nbgrader", {}).get("solution") and c.cell_type == "code"
                   and "### BEGIN SOLUTION" in c.source)
     nb = json.loads(release.read_text())
-    nb["cells"].append({"cell_type": "markdown", "metadata": {}, "source": answer.split(
+    nb["cells"].append({"cell_type": "markdown", "id": "planted", "metadata": {}, "source": answer.split(
         "### BEGIN SOLUTION")[1].split("### END SOLUTION")[0]})
     release.write_text(json.dumps(nb))
     work = tmp_path / "work"
@@ -137,3 +141,19 @@ def test_the_cache_is_rebuilt_when_the_course_changes(started, tmp_path):
     self_study.private_course(A1, copy)
     assert (copy / A1 / "fingerprint").read_text() == self_study._fingerprint(A1)
     assert nbformat.read(stale, as_version=4).cells
+
+
+def test_lesson_links_point_at_the_repositorys_lessons(started):
+    work, _, notebook = started
+    text = "\n".join(c.source for c in nbformat.read(notebook, as_version=4).cells)
+    links = re.findall(r"\]\(([^)]*\d\d_[a-z0-9_]+\.ipynb)", text)
+    assert links and not self_study.LESSON_LINK.search(text)  # none left as in release/
+    for link in links:
+        assert (notebook.parent / link).resolve().is_file(), link
+    lab = self_study.lab_root(work)
+    assert lab == work or lab in (notebook.parent / links[0]).resolve().parents
+
+
+def test_lab_opens_on_the_folder_holding_work_and_lessons():
+    assert self_study.lab_root(ROOT.parent / "my-work") == ROOT.parent
+    assert self_study.lab_root(ROOT / "notebooks" / "mine") == ROOT / "notebooks"

@@ -21,6 +21,8 @@ import argparse
 import contextlib
 import hashlib
 import io
+import os
+import re
 import shutil
 import sys
 import tempfile
@@ -36,6 +38,7 @@ import student_pack  # noqa: E402  (the leak check)
 DEFAULT_WORK = Path.home() / "attention-by-hand-work"
 STUDENT = "you"  # the one student of a self-study course (the page says "feedback for you")
 TOOLING = ("nbgrader_config.py", "course.py", "feedback.py")
+LESSON_LINK = re.compile(r"\]\(\.\./\.\./\.\./(\d\d_[a-z0-9_]+\.ipynb)")  # from release/NAME/
 
 
 def default_cache() -> Path:
@@ -99,6 +102,30 @@ def leak_check(folder: Path, dest: Path) -> student_pack.LeakReport:
     return report
 
 
+def lessons_dir() -> Path:
+    """The repository's lessons, notebooks/."""
+    return student_pack.ROOT / "notebooks"
+
+
+def relink_lessons(nb_path: Path, dest: Path) -> None:
+    """Point a notebook's lesson links at the repository's lessons, as seen from `dest`."""
+    import nbformat
+
+    rel = Path(os.path.relpath(lessons_dir(), dest)).as_posix()
+    nb = nbformat.read(nb_path, as_version=4)
+    for cell in nb.cells:
+        if cell.cell_type == "markdown":
+            cell.source = LESSON_LINK.sub(lambda m: f"]({rel}/{m.group(1)}", cell.source)
+    nbformat.write(nb, nb_path)
+
+
+def lab_root(work: Path) -> Path:
+    """Where to start JupyterLab so the work and its lesson links open: their common folder."""
+    work = Path(work).expanduser().resolve()
+    common = Path(os.path.commonpath([work, lessons_dir()]))
+    return common if common != Path(common.anchor) else work
+
+
 def start(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None) -> Path:
     """Copy the released notebook of `short` into WORK/A1/ (leak-checked); its path."""
     name = resolve(short)
@@ -113,6 +140,8 @@ def start(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None) -> P
         staged = Path(tmp) / "staged"
         shutil.copytree(root / "release" / name, staged,
                         ignore=shutil.ignore_patterns(".*", "__pycache__"))
+        for nb_path in staged.glob("*.ipynb"):
+            relink_lessons(nb_path, dest)
         leak_check(staged, dest)
         dest.mkdir(exist_ok=True)
         for p in staged.rglob("*"):
@@ -183,7 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command == "start":
             path = start(args.name, args.work, args.cache)
-            print(f"started: {path}\nopen it: cd {path.parent.parent} && "
+            print(f"started: {path}\nopen it: cd {lab_root(args.work)} && "
                   f"{Path(sys.executable).parent / 'jupyter'} lab\n"
                   f"grade it: make check A={path.parent.name}"
                   + ("" if args.work == DEFAULT_WORK else f" WORK={args.work}"))
