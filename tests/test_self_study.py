@@ -157,3 +157,15 @@ def test_lesson_links_point_at_the_repositorys_lessons(started):
 def test_lab_opens_on_the_folder_holding_work_and_lessons():
     assert self_study.lab_root(ROOT.parent / "my-work") == ROOT.parent
     assert self_study.lab_root(ROOT / "notebooks" / "mine") == ROOT / "notebooks"
+
+
+def test_a_grading_that_gives_nothing_says_what_the_grader_said(started, monkeypatch):
+    work, cache, _ = started
+
+    def silent(*args, **kwargs):
+        print("warning: you's A1 was not graded")
+        return []
+
+    monkeypatch.setattr(course, "grade", silent)
+    with pytest.raises(RuntimeError, match="gave no result:\nwarning: you's A1 was not graded"):
+        self_study.check("A1", work, cache)

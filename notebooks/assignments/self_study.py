@@ -5,7 +5,8 @@
 
 `start` copies the assignment's released notebook (no solutions, no hidden tests) into
 DIR/A1/ (DIR defaults to ~/attention-by-hand-work), after the student pack's leak check has
-found nothing of the solutions or hidden tests in it; it never overwrites your work.
+found nothing of the solutions or hidden tests in it (its lesson links then point at the
+repository's lessons); it never overwrites your work.
 `check` grades DIR/A1/NAME.ipynb with the course's own autograder (nbgrader, hidden tests
 and all), writes the feedback page to DIR/A1/feedback.html and prints its path and the score.
 
@@ -185,11 +186,12 @@ def check(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None) -> R
     root = private_course(name, cache or default_cache())
     shutil.rmtree(root / "submitted" / STUDENT / name, ignore_errors=True)
     course.submit(name, STUDENT, nbformat.read(notebook, as_version=4), root)
-    with contextlib.redirect_stdout(io.StringIO()):  # the teacher's class summary
+    said = io.StringIO()  # the teacher's class summary; shown only if grading fails
+    with contextlib.redirect_stdout(said):
         parts = course.grade([name], root, students=[STUDENT], workers=1)
     page = root / "feedback" / STUDENT / name / f"{name}.html"
     if not parts or not page.is_file():
-        raise RuntimeError(f"grading {notebook} gave no result; see the messages above")
+        raise RuntimeError(f"grading {notebook} gave no result:\n{said.getvalue()[-3000:]}")
     out = dest / "feedback.html"
     shutil.copy(page, out)
     auto = [p for p in parts if not p.manual]
