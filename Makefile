@@ -21,7 +21,7 @@ TEACHER ?= 0
 
 .PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
 .PHONY: student-pack gpu-check
-.PHONY: assignment check
+.PHONY: assignment check similarity canvas
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
@@ -35,6 +35,8 @@ help:
 	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers)"
 	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs (A=A1 STUDENT=alice)"
 	@echo "make report     feedback and CSVs again after hand-grading written answers"
+	@echo "make similarity A=A4  which submissions look copied from each other (reports/similarity_*.html)"
+	@echo "make canvas ROSTER=export.csv IDS=\"A4=123\"  the grades as Canvas's gradebook imports them"
 	@echo "make assignment A=A1  self-study: the released A1 (no answers) into $(WORK)/A1/"
 	@echo "make check A=A1       self-study: grade $(WORK)/A1/ with the course's autograder (OPEN=1 opens the feedback)"
 
@@ -163,6 +165,15 @@ grade: $(VENV)/.dev-installed
 # After grading written answers by hand: feedback and CSVs again, without re-running the grader.
 report: $(VENV)/.dev-installed
 	$(BIN)/python $(COURSE)/course.py report $(A) $(foreach s,$(STUDENT),--student $(s))
+
+# After grading: the pairs of submissions worth reading side by side, per assignment.
+similarity: $(VENV)/.dev-installed
+	@test -n "$(A)" || { echo "make similarity needs A=, e.g. make similarity A=A4" >&2; exit 2; }
+	$(BIN)/python $(COURSE)/similarity.py $(A)
+
+# The grade CSV for Canvas (Grades > Import): ROSTER= Canvas's gradebook export, IDS="A1=123 A4=456".
+canvas: $(VENV)/.dev-installed
+	$(BIN)/python $(COURSE)/canvas.py $(if $(ROSTER),--roster $(ROSTER)) $(foreach i,$(IDS),--id $(i))
 
 # Self-study, no teacher needed: `make assignment A=A1` copies A1's released notebook (no
 # solutions, no hidden tests: leak-checked) into $(WORK)/A1/; `make check A=A1` grades it with
