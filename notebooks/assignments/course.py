@@ -9,7 +9,9 @@
 in source/ (A1 is short for A1_seven_steps); with no --student, every student who handed it in.
 Grading runs on all cores: each worker grades its share in a private copy of the course (its
 own copy of the gradebook), and only this process writes the real gradebook, one submission
-at a time, keeping grades given by hand. Reports (reports/) always cover everything in the
+at a time, keeping grades given by hand. A submission with a cell stopped at the time limit
+(c.Execute.timeout) is graded once more on its own, so a busy machine costs no points; the
+better run is kept and the feedback says so. Reports (reports/) always cover everything in the
 gradebook: grades.csv (nbgrader's export), grades_by_part.csv and summary.md, which also
 flags graded code that reached the package's reference and restored locked cells.
 """
@@ -263,6 +265,102 @@ def _run_worker(dest: Path, share: list[tuple[str, str]], bar, run=nbgrader) -> 
         bar.update(sum(n == name for n, _ in share))
 
 
+# What a cell that ran past c.Execute.timeout leaves in the autograded notebook.
+TIMEOUT_ERRORS = ("CellTimeoutError", "TimeoutError", "KeyboardInterrupt")
+RETRY_RECORD = "timeout_retry.txt"  # beside the autograded notebook: the retry and its outcome
+
+
+def timed_out_cells(path: Path) -> list[str]:
+    """Grade ids (or cell numbers) of the cells of a notebook stopped at the time limit."""
+    if not path.exists():
+        return []
+    nb = nbformat.read(path, as_version=4)
+    out = []
+    for i, cell in enumerate(nb.cells):
+        if any(o.get("output_type") == "error" and o.get("ename") in TIMEOUT_ERRORS
+               for o in cell.get("outputs", [])):
+            out.append(cell.metadata.get("nbgrader", {}).get("grade_id") or f"cell {i + 1}")
+    return out
+
+
+def _auto_score(db_path: Path, name: str, student: str) -> float:
+    """The autograded total of one submission in a (worker's) gradebook."""
+    db = sqlite3.connect(db_path, timeout=60)
+    try:
+        row = db.execute("""
+            SELECT SUM(COALESCE(g.auto_score, 0)) FROM grade g
+            JOIN submitted_notebook sn ON sn.id = g.notebook_id
+            JOIN submitted_assignment sa ON sa.id = sn.assignment_id
+            JOIN assignment a ON a.id = sa.assignment_id
+            WHERE a.name = ? AND sa.student_id = ?""", (name, student)).fetchone()
+    finally:
+        db.close()
+    return float(row[0] or 0)
+
+
+def _retry_timeouts(dests: list[Path], shares: list[list[tuple[str, str]]], root: Path,
+                    tmp: Path, run=nbgrader) -> dict[tuple[str, str], Path]:
+    """Grade once more, alone, every submission with a cell stopped at the time limit.
+
+    A busy machine (all workers at once) can push an honest cell past the limit, so each such
+    submission is graded again in a course of its own, one after another, with the same limit.
+    The better run is kept (the retry on a tie); both runs are recorded in RETRY_RECORD beside
+    the kept notebook. Returns {(assignment, student): the retry's course} where it was kept.
+    """
+    kept: dict[tuple[str, str], Path] = {}
+    todo = [(dest, name, student) for dest, share in zip(dests, shares, strict=True)
+            for name, student in share
+            if timed_out_cells(dest / "autograded" / student / name / f"{name}.ipynb")]
+    for k, (dest, name, student) in enumerate(todo):
+        first_nb = dest / "autograded" / student / name / f"{name}.ipynb"
+        first_cells = timed_out_cells(first_nb)
+        first = _auto_score(dest / "gradebook.db", name, student)
+        print(f"{student}'s {name}: {', '.join(first_cells)} ran past the time limit; "
+              f"grading it again on its own", file=sys.stderr)
+        again = _prepare_worker(tmp / f"retry{k}", [(name, student)], root)
+        try:
+            run("autograde", name, "--student", student, "--force", root=again)
+        except RuntimeError as err:
+            print(f"the retry of {student}'s {name} failed; keeping the first run:\n{err}",
+                  file=sys.stderr)
+            continue
+        again_nb = again / "autograded" / student / name / f"{name}.ipynb"
+        if not again_nb.exists():
+            continue
+        again_cells = timed_out_cells(again_nb)
+        second = _auto_score(again / "gradebook.db", name, student)
+        better = again if second >= first else dest
+        if better is again:
+            kept[(name, student)] = again
+        record = (f"first run (with the other submissions): {first:g} points, past the time "
+                  f"limit: {', '.join(first_cells)}\n"
+                  f"run alone: {second:g} points, past the time limit: "
+                  f"{', '.join(again_cells) or 'none'}\n"
+                  f"kept: {'run alone' if better is again else 'first run'}\n")
+        (better / "autograded" / student / name / RETRY_RECORD).write_text(record)
+    return kept
+
+
+def retry_note(name: str, student: str, root: Path = ROOT) -> str | None:
+    """The feedback's sentence about a submission graded again because of the time limit."""
+    path = root / "autograded" / student / name / RETRY_RECORD
+    if not path.exists():
+        return None
+    lines = dict(ln.split(": ", 1) for ln in path.read_text().splitlines() if ": " in ln)
+    limit = f"{cell_timeout(root):g} s"
+    first = lines.get("first run (with the other submissions)", "").split(", past the time limit: ")
+    alone = lines.get("run alone", "").split(", past the time limit: ")
+    cells = first[1] if len(first) > 1 else "a cell"
+    still = alone[1] if len(alone) > 1 else "none"
+    if still == "none":
+        return (f"{cells} ran past the {limit} limit while the grading machine was busy; "
+                f"your notebook was graded again on its own, where it finished in time, "
+                f"and that run is the one graded.")
+    return (f"{still} ran past the {limit} limit twice: once with the other submissions and "
+            f"once when your notebook was graded again on its own. The better of the two "
+            f"runs is the one graded.")
+
+
 def _hand_grades(db: sqlite3.Connection, name: str, student: str) -> dict[str, tuple]:
     """{grade_id: (manual_score, manual_comment)} for the hand-graded cells of one submission."""
     rows = db.execute("""
@@ -394,7 +492,11 @@ def grade(names: list[str], root: Path = ROOT, students: list[str] | None = None
                        for dest, share in zip(dests, shares, strict=True)]
             for fut in futures:
                 fut.result()  # re-raise a worker's failure here, with nbgrader's log
-        for dest, share in zip(dests, shares, strict=True):
+        retried = _retry_timeouts(dests, shares, root, Path(tmp))
+        runs = [(dest, [j for j in share if j not in retried])
+                for dest, share in zip(dests, shares, strict=True)]
+        runs += [(again, [job]) for job, again in retried.items()]
+        for dest, share in runs:
             for name, student in share:
                 got = dest / "autograded" / student / name
                 if not got.exists():
@@ -440,6 +542,9 @@ def _notes(name: str, student: str, root: Path) -> list[str]:
             meta = cell.metadata["nbgrader"]
             if meta.get("solution") and gid not in have:
                 notes.append(f"The answer cell {gid} was deleted; it was put back empty.")
+    retry = retry_note(name, student, root)
+    if retry:
+        notes.append(retry)
     path = root / "autograded" / student / name / f"{name}.ipynb"
     for gid, cell in _cells_by_id(path).items():
         for out in cell.get("outputs", []):

@@ -24,4 +24,7 @@ c.ClearSolutions.text_stub = "YOUR ANSWER HERE"
 
 # A cell that runs longer than this is interrupted and scores 0; the rest still run.
 # The slowest honest cell (importing torch in A2) takes a few seconds on 2 CPU cores.
+# A busy grading machine must not cost points: `course.py grade` grades a notebook with a cell
+# stopped at this limit once more on its own (same limit), keeps the better run and says so in
+# the feedback (autograded/STUDENT/ASSIGNMENT/timeout_retry.txt records both runs).
 c.Execute.timeout = 30
