@@ -340,6 +340,10 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "        from mha.kv_cache import KVCache\n        if not hasattr(self, 'inner'):\n"
          "            self.inner = KVCache(k.shape[0], k.shape[1], 10**6, k.shape[3], window=self.window)\n"
          "        return self.inner.update(k, v, positions)\n", "a6-ring-tests", "mha.kv_cache"),
+        # issue 28: a class body that borrows the package's method (flagged when the class is defined)
+        ("cheat-ring-borrows-update", "a6-ring", "    def update(self, k, v, positions):",
+         "    from mha import kv_cache as _kv\n    update = _kv._Cache.update\n\n"
+         "    def _unused(self, k, v, positions):", "a6-ring-tests", "mha.kv_cache._Cache.update"),
         ("cheat-bytes-formula", "a6-bytes", "    one_layer = 2 *",
          "    from mha import generate as gen\n    return gen.cache_bytes_formula(n_layers, B, "
          "n_kv_heads, slots, d_k, itemsize)\n    one_layer = 2 *", "a6-bytes-tests",
@@ -363,6 +367,15 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
         ("cheat-causal-work", "a7-pairs", "    if layout == \"zigzag\":\n",
          "    from mha import parallel\n    return parallel.causal_work(T, world_size, layout)\n"
          "    if layout == \"zigzag\":\n", "a7-pairs-tests", "mha.parallel.causal_work"),
+        # issue 28: thin wrappers round mha.parallel made by exec (their code lives in <string>)
+        ("cheat-exec-positions", "a7-positions", "def zigzag_positions(T, world_size):",
+         "from mha import parallel as _par\n\nexec(\"def zigzag_positions(T, world_size):\\n\"\n"
+         "     \"    return _par.rank_positions(T, world_size, 'zigzag')\\n\", globals())\n\n\n"
+         "def _unused(T, world_size):", "a7-positions-tests", "mha.parallel.rank_positions"),
+        ("cheat-exec-pairs", "a7-pairs", "def causal_pairs(T, world_size, layout=\"contiguous\"):",
+         "from mha import parallel as _par\n\nexec(\"def causal_pairs(T, world_size, layout='contiguous'):\\n\"\n"
+         "     \"    return _par.causal_work(T, world_size, layout)\\n\", globals())\n\n\n"
+         "def _unused(T, world_size, layout=\"contiguous\"):", "a7-pairs-tests", "mha.parallel.causal_work"),
     ],
     "A8_flash_attention": [
         ("cheat-update", "a8-update", "    m_new = np.maximum(",
@@ -379,11 +392,16 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
         ("cheat-forward-math", "a8-bytes", "    elements = T * d",
          "    from mha import traffic\n    return traffic.forward_math(1, 1, T, S, d, itemsize).bytes\n"
          "    elements = T * d", "a8-bytes-tests", "mha.traffic.forward_math"),
+        # issue 28: part 1 made by exec, a thin wrapper round the package's update
+        ("cheat-exec-update", "a8-update", "def online_update(m, ell, acc, scores, v_block):",
+         "from mha import flash as _fl\n\nexec(\"def online_update(m, ell, acc, scores, v_block):\\n\"\n"
+         "     \"    return _fl._update((m, ell, acc.copy()), scores.copy(), v_block)\\n\", globals())\n\n\n"
+         "def _unused(m, ell, acc, scores, v_block):", "a8-update-tests", "mha.flash._update"),
     ],
 }
 
 # Correct work in other styles, and what must not cost points.
-KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, new)
+KEEPS: dict[str, list[tuple]] = {  # (student, cell, old, new); old, new: a string or a tuple of edits
     "A1_seven_steps": [
         ("numpy-bools", "a1-rows", "return bool(np.all(np.abs(sums - 1.0) <= atol))",
          "return np.all(np.abs(sums - 1.0) <= atol)"),
@@ -409,6 +427,10 @@ KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, ne
         ("ring-passes-left", "a7-ring", "held[(r - 1) % W]", "held[(r + 1) % W]"),  # same blocks, other way
         ("pairs-as-tensor", "a7-pairs", "return [int((p + 1).sum()) for p in pos]",
          "return torch.stack([(p + 1).sum() for p in pos])"),
+        # issue 28: the ring calls part 3 through the student's own alias: judged on its own
+        ("ring-calls-an-alias", "a7-ring",
+         ("def ring_attention(", "            outs[r], lses[r] = ring_step("),
+         ("attend = ring_step\n\n\ndef ring_attention(", "            outs[r], lses[r] = attend(")),
     ],
     "A8_flash_attention": [
         ("update-einsum", "a8-update", "acc = alpha * acc + p @ v_block",
@@ -418,6 +440,11 @@ KEEPS: dict[str, list[tuple[str, str, str, str]]] = {  # (student, cell, old, ne
         ("backward-einsum", "a8-backward", "dq[:, :, t0:t1] += ds @ kj",
          "dq[:, :, t0:t1] += np.einsum('bhqk,bhkd->bhqd', ds, kj)"),
         ("bytes-as-float", "a8-bytes", "return itemsize * elements", "return float(itemsize * elements)"),
+        # issue 28: the forward calls part 1 through an alias, or through a default argument
+        ("forward-calls-an-alias", "a8-forward", ("def flash_forward(", "m, ell, acc = online_update("),
+         ("update = online_update\n\n\ndef flash_forward(", "m, ell, acc = update(")),
+        ("forward-default-fold", "a8-forward", ("offset=0):", "m, ell, acc = online_update("),
+         ("offset=0, fold=online_update):", "m, ell, acc = fold(")),
     ],
 }
 
@@ -465,10 +492,13 @@ def _edit(src: str, p: Planted) -> str:
     return src.replace(p.old, p.new)
 
 
-def _replace(old: str, new: str):
+def _replace(old, new):
+    """An edit of a cell's source: `old` -> `new`, or each old -> new in turn when given tuples."""
     def edit(src: str) -> str:
-        assert old in src, f"{old!r} not in the cell"
-        return src.replace(old, new)
+        for o, n in zip(*((old, new) if isinstance(old, tuple) else ((old,), (new,))), strict=True):
+            assert o in src, f"{o!r} not in the cell"
+            src = src.replace(o, n)
+        return src
     return edit
 
 
@@ -513,7 +543,10 @@ def _mixes(name: str) -> list[list[tuple[str, frozenset[str], object, frozenset[
               for s, cell, old, new in KEEPS.get(name, [])]
     if name in BROKEN:
         cell, old, new, part = BROKEN[name]
-        edits.append(("syntax-error", one([cell]), _in_cell(cell, _replace(old, new)), one([part])))
+        # a module-level alias of the broken part (update = online_update) cannot run without it:
+        # those styles go in other notebooks
+        near = {c for _, c, o, _ in KEEPS.get(name, []) if isinstance(o, tuple)}
+        edits.append(("syntax-error", one([cell, *near]), _in_cell(cell, _replace(old, new)), one([part])))
     if name == "A1_seven_steps":
         edits.append(("deleted-test", one(["a1-mask", "a1-mask-tests"]), _deleted_test,
                       one(["a1-mask-tests"])))
@@ -690,6 +723,10 @@ class AssignmentContract:
                 f"expected {sorted(graded.expected[s])}"
             assert p.feedback in graded.feedback(s), \
                 f"{p.student} (in {s}): feedback does not mention {p.feedback!r}"
+            page = graded.feedback_html(s)  # what the student reads: no grader jargon, printed or raised
+            assert "matches planted" not in page, \
+                f"{p.student} (in {s}): grader jargon in the feedback page: " \
+                f"{page[max(0, page.find('matches planted') - 200):page.find('matches planted') + 80]!r}"
 
     def test_an_edited_locked_cell_is_restored_and_reported(self, graded):
         if self.name not in TAMPER:
@@ -719,10 +756,16 @@ class AssignmentContract:
         assert not honest, f"an honest submission is flagged: {honest}"
 
     def test_correct_work_in_other_styles_keeps_every_point(self, graded):
-        for label, *_ in KEEPS.get(self.name, []):
+        flagged = graded.summary.split("reached the package's reference")[-1]
+        for label, cell, *_ in KEEPS.get(self.name, []):
             student = graded.student_of[label]
             assert graded.lost(student) == graded.expected[student], \
                 f"{label} (in {student}) lost {sorted(graded.lost(student) - graded.expected[student])}"
+            part = f"{cell}-tests"  # and no false message: not flagged, not told it never called a part
+            line = [ln for ln in flagged.splitlines() if f"**{student}**" in ln and f"`{part}`" in ln]
+            assert not line, f"{label} (in {student}) is flagged: {line}"
+            assert "never called" not in graded.feedback(student), \
+                f"{label} (in {student}): {graded.feedback(student)}"
 
     def test_points_in_the_intro_match_the_grader(self, graded):
         intro = graded.source.cells[0].source

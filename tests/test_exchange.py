@@ -219,7 +219,7 @@ def each_student(step) -> None:
 TEACHER = "abh_teacher"
 STUDENTS = ["abh_student1", "abh_student2", "abh_student3"]
 BROKEN = "abh_student3"  # submits an anti-causal mask: loses the mask's part only
-BUG = ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests", "matches planted bug 'anti_causal_mask'")
+BUG = ("a1-mask", "np.tril(", "np.triu(", "a1-mask-tests", "the mask is the wrong triangle")
 
 
 class Laps:

@@ -417,7 +417,7 @@ def _restored_note(how: str) -> dict:
 def for_students(nb, timeout_s: float, *, keep_hidden_tests: bool = False,
                  restored: Mapping[str, str] | None = None):
     """A copy of `nb` as the student may see it: hidden tests out, errors folded, restored
-    test cells saying so."""
+    test cells saying so, and what cells printed or raised in plain words, not the grader's."""
     original, nb = nb, copy.deepcopy(nb)
     diags = {i: diagnose_error(_errors(c)[0], original, timeout_s)
              for i, c in enumerate(original.cells) if c.cell_type == "code" and _errors(c)}
@@ -435,6 +435,11 @@ def for_students(nb, timeout_s: float, *, keep_hidden_tests: bool = False,
         if cell.cell_type != "code":
             continue
         outputs, folded = [], False
+        for out in cell.outputs:  # a traceback and a printed diagnosis ("matches planted bug ...")
+            if out.get("output_type") == "error":
+                out["traceback"] = [plain_words(line) for line in out.get("traceback", [])]
+            elif out.get("output_type") == "stream":
+                out["text"] = plain_words(out.get("text", ""))
         for out in cell.outputs:
             if out.get("output_type") == "error":
                 if not folded:
