@@ -528,6 +528,21 @@ def refuse_if_reached(forbid: tuple, rule: str, allow: tuple = ()) -> None:
                 f"{', '.join(found)}, so the answer is the package's, not yours")
 
 
+def require_params(fn: Callable[..., Any], params: Sequence[str], what: str) -> None:
+    """NotYet unless fn can be called with len(params) positional arguments; `what` names it."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):  # no signature to read (a builtin): let the call say
+        return
+    try:
+        signature.bind(*params)
+    except TypeError:
+        count = ("no", "one", "two", "three", "four", "five", "six")[len(params)] \
+            if len(params) < 7 else str(len(params))
+        not_yet(f"{what} must take {count} arguments, ({', '.join(params)}), in that "
+                f"order; yours is {getattr(fn, '__name__', 'a function')}{signature}")
+
+
 def run_student(fn: Callable[..., Any], *args: Any, said_as: str | None = None,
                 hint: Callable[[str], str] | None = None, forbid: tuple | None = None,
                 allow: tuple = (), rule: str = "this exercise asks you to write it yourself",

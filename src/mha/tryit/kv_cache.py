@@ -11,7 +11,6 @@ Each check returns its verdict (a `Verdict`); a number that fits several slips n
 
 from __future__ import annotations
 
-import inspect
 import math
 from collections.abc import Callable
 from typing import Any
@@ -25,6 +24,7 @@ from . import (
     not_tried,
     not_yet,
     refuse_if_reached,
+    require_params,
     right,
     self_check,
     slip_readings,
@@ -165,17 +165,6 @@ def _name(fn: Callable[..., Any]) -> str:
     return name if name.isidentifier() else "your function"
 
 
-def _signature_ok(fn: Callable[..., Any]) -> None:
-    """NotYet unless fn can be called with the five sizes by position."""
-    name = _name(fn)
-    try:
-        inspect.signature(fn).bind(*range(len(ARGS)))
-    except TypeError:
-        not_yet(f"{name} must take five arguments, (B, h, max_len, d_k, itemsize), in that order")
-    except ValueError:  # no signature to read (a builtin): let the call say
-        pass
-
-
 def _growth(fn: Callable[..., Any], base: float) -> dict[str, float]:
     """For each argument: how the result grows when that argument alone doubles (2 = in proportion)."""
     grown = {}
@@ -208,7 +197,7 @@ def _growth_story(grown: dict[str, float]) -> list[str]:
 def _judge_formula(fn: Callable[..., Any]) -> str:
     """Right if fn gives the bytes of one layer's cache at every size tried, else why not."""
     name = _name(fn)
-    _signature_ok(fn)
+    require_params(fn, ARGS, name)
     at_case = _call(fn, CASE)
     if at_case is None:
         return not_tried(f"make {name} return the cache's bytes for (B, h, max_len, d_k, itemsize), "

@@ -10,7 +10,6 @@ refuses an integer one). No message shows the mask or the expression that builds
 
 from __future__ import annotations
 
-import inspect
 import re
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -28,6 +27,7 @@ from . import (
     read_array,
     read_mask,
     relate,
+    require_params,
     right,
     run_student,
     self_check,
@@ -270,13 +270,7 @@ def check_decoder_mask(answer: Any) -> str:
     if answer is None:
         return not_tried(WHAT)
     if callable(answer):
-        try:
-            inspect.signature(answer).bind(None, None)
-        except TypeError:
-            not_yet(f"my_decoder_mask must take two arguments, (lengths, T); yours is "
-                    f"{getattr(answer, '__name__', 'a function')}{inspect.signature(answer)}")
-        except ValueError:  # no signature to read (a builtin): let the call say
-            pass
+        require_params(answer, ("lengths", "T"), "my_decoder_mask")
         return _judge_function(answer)
     try:
         judge_mask(answer, LENGTHS, T)
