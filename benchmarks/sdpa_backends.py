@@ -217,7 +217,7 @@ def run_device(args, device: str) -> list[dict]:
             + ("" if math.isnan(r["frac_bf16_peak"]) else f" ({r['frac_bf16_peak']:.0%})")
             for r in rows)
         if bench.gpu_peak_bf16_tflops(info["gpu"]) is None:
-            extra += f"\n\nPeak for {info['gpu']}: unknown (not in mha.bench.GPU_PEAK_BF16_TFLOPS)."
+            extra += f"\n\nPeak for {info['gpu']}: unknown (not in the table mha.hardware.GPUS)."
     md = (f"# SDPA benchmark, {device}\n\n"
           + "".join(f"- {k}: {v}\n" for k, v in info.items())
           + f"- shape: {shape}\n\n"

@@ -5,7 +5,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, kv_cache, traffic
+from mha import bench, hardware, kv_cache, traffic
 
 
 def test_the_materialised_forward_by_hand():
@@ -36,7 +36,7 @@ def test_the_backward_is_two_and_a_half_forwards_of_flops():
 
 
 def test_tiling_cuts_the_bytes_and_the_materialised_path_is_memory_bound():
-    acc = traffic.H100_SXM
+    acc = hardware.H100_SXM
     for T in (1024, 4096, 16384):
         math = traffic.forward_math(1, 32, T, T, 128, 2)
         tiled = traffic.forward_tiled(1, 32, T, T, 128, 2, causal=True)
@@ -47,11 +47,32 @@ def test_tiling_cuts_the_bytes_and_the_materialised_path_is_memory_bound():
 
 
 def test_the_accelerators_and_their_ridges():
-    assert traffic.H100_SXM.ridge == pytest.approx(989e12 / 3.35e12)  # ~295 FLOP per byte
-    assert traffic.H200_SXM.ridge == pytest.approx(989e12 / 4.8e12)  # ~206: more bandwidth, lower ridge
-    assert traffic.H200_SXM.attainable(1.0) == 4.8e12 and traffic.H200_SXM.attainable(1e6) == 989e12
+    assert hardware.H100_SXM.ridge == pytest.approx(989e12 / 3.35e12)  # ~295 FLOP per byte
+    assert hardware.H200_SXM.ridge == pytest.approx(989e12 / 4.8e12)  # ~206: more bandwidth, lower ridge
+    assert hardware.H200_SXM.attainable(1.0) == 4.8e12 and hardware.H200_SXM.attainable(1e6) == 989e12
     step = kv_cache.decode_step_cost(1, 32, 4096, 128, 2, peak_flops=989e12, bandwidth=4.8e12)
     assert step.intensity == 1.0 and step.bound == "memory"
+
+
+def test_one_hardware_table_serves_the_roofline_the_decode_cost_and_the_benchmarks():
+    default = kv_cache.decode_step_cost(1, 32, 4096, 128, 2)  # the H100 SXM by default
+    assert (default.peak_flops, default.bandwidth) == (989e12, 3.35e12)
+    assert hardware.ACCELERATORS == (hardware.H100_SXM, hardware.H200_SXM)
+    t = traffic.Traffic(989 * 10**12, 10**12)  # one second of arithmetic on the SXM peak
+    assert t.seconds(hardware.H100_SXM) == pytest.approx(1.0)
+    for row in hardware.GPUS:  # every named part finds its own row, and only it
+        assert row.match and hardware.lookup(f"NVIDIA {row.name}") is row, row.name
+    assert hardware.lookup("NVIDIA H100 80GB HBM3") is hardware.H100_SXM
+    assert hardware.lookup("NVIDIA GH200 480GB") is hardware.GH200
+    assert hardware.lookup("Tesla T4") is None
+    assert bench.gpu_peak_bf16_tflops("NVIDIA H200") == hardware.H200_SXM.peak_flops / 1e12
+
+
+def test_a_figure_the_table_lacks_is_refused_by_name():
+    with pytest.raises(ValueError, match="A100: bandwidth is not in the hardware table"):
+        _ = hardware.A100.ridge
+    with pytest.raises(ValueError, match="H100 NVL: peak_flops"):
+        traffic.Traffic(10, 10).seconds(hardware.H100_NVL)
 
 
 def test_bad_sizes_are_refused():
@@ -140,22 +161,22 @@ BAD = [
     ("Traffic flops=1.5", lambda: traffic.Traffic(1.5, 10), TypeError, "flops"),
     ("Traffic bytes=0", lambda: traffic.Traffic(10, 0), ValueError, "bytes"),
     ("Traffic bytes=True", lambda: traffic.Traffic(10, True), TypeError, "bytes"),
-    ("Accelerator peak=0", lambda: traffic.Accelerator("x", 0, 1e12, 1024, 1), ValueError, "peak_flops"),
-    ("Accelerator peak=nan", lambda: traffic.Accelerator("x", float("nan"), 1e12, 1024, 1), ValueError,
+    ("Accelerator peak=0", lambda: hardware.Accelerator("x", 0, 1e12, 1024, 1), ValueError, "peak_flops"),
+    ("Accelerator peak=nan", lambda: hardware.Accelerator("x", float("nan"), 1e12, 1024, 1), ValueError,
      "peak_flops"),
-    ("Accelerator peak='1e15'", lambda: traffic.Accelerator("x", "1e15", 1e12, 1024, 1), TypeError,
+    ("Accelerator peak='1e15'", lambda: hardware.Accelerator("x", "1e15", 1e12, 1024, 1), TypeError,
      "peak_flops"),
-    ("Accelerator bandwidth=inf", lambda: traffic.Accelerator("x", 1e15, float("inf"), 1024, 1),
+    ("Accelerator bandwidth=inf", lambda: hardware.Accelerator("x", 1e15, float("inf"), 1024, 1),
      ValueError, "bandwidth"),
-    ("Accelerator bandwidth=True", lambda: traffic.Accelerator("x", 1e15, True, 1024, 1), TypeError,
+    ("Accelerator bandwidth=True", lambda: hardware.Accelerator("x", 1e15, True, 1024, 1), TypeError,
      "bandwidth"),
-    ("Accelerator sram=0", lambda: traffic.Accelerator("x", 1e15, 1e12, 0, 1), ValueError, "sram_per_sm"),
-    ("Accelerator n_sm=1.5", lambda: traffic.Accelerator("x", 1e15, 1e12, 1024, 1.5), TypeError, "n_sm"),
-    ("Accelerator name=3", lambda: traffic.Accelerator(3, 1e15, 1e12, 1024, 1), TypeError, "name"),
-    ("attainable(nan)", lambda: traffic.H100_SXM.attainable(float("nan")), ValueError, "intensity"),
-    ("attainable(-1)", lambda: traffic.H100_SXM.attainable(-1.0), ValueError, "intensity"),
-    ("attainable('3')", lambda: traffic.H100_SXM.attainable("3"), TypeError, "intensity"),
-    ("attainable(True)", lambda: traffic.H100_SXM.attainable(True), TypeError, "intensity"),
+    ("Accelerator sram=0", lambda: hardware.Accelerator("x", 1e15, 1e12, 0, 1), ValueError, "sram_per_sm"),
+    ("Accelerator n_sm=1.5", lambda: hardware.Accelerator("x", 1e15, 1e12, 1024, 1.5), TypeError, "n_sm"),
+    ("Accelerator name=3", lambda: hardware.Accelerator(3, 1e15, 1e12, 1024, 1), TypeError, "name"),
+    ("attainable(nan)", lambda: hardware.H100_SXM.attainable(float("nan")), ValueError, "intensity"),
+    ("attainable(-1)", lambda: hardware.H100_SXM.attainable(-1.0), ValueError, "intensity"),
+    ("attainable('3')", lambda: hardware.H100_SXM.attainable("3"), TypeError, "intensity"),
+    ("attainable(True)", lambda: hardware.H100_SXM.attainable(True), TypeError, "intensity"),
     ("seconds('H100')", lambda: traffic.Traffic(10, 10).seconds("H100"), TypeError, "Accelerator"),
     ("bound(None)", lambda: traffic.Traffic(10, 10).bound(None), TypeError, "Accelerator"),
 ]

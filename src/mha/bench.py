@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import numpy_mha, steps
+from . import hardware, numpy_mha, steps
 from .torch_mha import causal_mask, manual_attention
 
 BACKENDS: dict[str, SDPBackend] = {
@@ -34,19 +34,6 @@ BACKENDS: dict[str, SDPBackend] = {
     "cudnn": SDPBackend.CUDNN_ATTENTION,
 }
 """SDPA's backends by short name; `torch.nn.attention.sdpa_kernel` forces one of them."""
-
-# Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from vendor datasheets, matched in
-# order against torch.cuda.get_device_name(); more specific names come first.
-GPU_PEAK_BF16_TFLOPS: list[tuple[str, float]] = [
-    (r"H100.*PCIe", 756.0),
-    (r"H100.*NVL", float("nan")),  # not listed: unknown rather than a guess
-    (r"H100|H200|GH200", 989.0),  # SXM parts
-    (r"A100", 312.0),
-    (r"L40S", 362.0),
-    (r"\bL4\b", 121.0),
-    (r"RTX 4090", 165.0),
-]
-
 
 # ---- FLOPs -----------------------------------------------------------------------------------
 def attention_flops(B: int, h: int, T: int, d_k: int, S: int | None = None, causal: bool = False) -> int:
@@ -356,11 +343,9 @@ def cpu_model() -> str:
 
 
 def gpu_peak_bf16_tflops(name: str) -> float | None:
-    """Dense bf16 peak TFLOP/s for a GPU name from the small table above, or None if unknown."""
-    for pattern, peak in GPU_PEAK_BF16_TFLOPS:
-        if re.search(pattern, name):
-            return None if peak != peak else peak  # NaN marks a known-unknown
-    return None
+    """Dense bf16 peak TFLOP/s of a GPU named `name` (hardware.lookup), or None if unknown."""
+    gpu = hardware.lookup(name)
+    return None if gpu is None or gpu.peak_flops is None else gpu.peak_flops / 1e12
 
 
 def machine_info() -> dict[str, str]:

@@ -22,8 +22,8 @@ numpy and torch twins, same signatures:
 
 And what a decoding step costs on an accelerator: `decode_step_cost` counts the FLOPs of one new
 token's attention and the bytes of cache it reads, against a peak compute rate and a memory
-bandwidth (an H100 SXM's by default): about 1 FLOP per byte in bf16, far below the ~295 FLOP per
-byte where the H100 stops being bound by memory.
+bandwidth (an H100 SXM's by default, `hardware.H100_SXM`): about 1 FLOP per byte in bf16, far
+below the ~295 FLOP per byte where the H100 stops being bound by memory.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .hardware import H100_SXM
 from .validate import is_torch, require_float, require_int, require_shape, shape_of, torch  # lazy
 
 ALIGNMENTS = ("bottom_right", "top_left")
@@ -39,14 +40,6 @@ ALIGNMENTS = ("bottom_right", "top_left")
 
 EMPTY = -1
 """The position an empty slot (or a pad token) holds: negative positions are never attended."""
-
-H100_SXM_BF16_FLOPS = 989e12
-"""Dense bf16 tensor-core peak of an NVIDIA H100 SXM, FLOP/s. The NVIDIA H100 Tensor Core GPU
-datasheet lists "BF16 Tensor Core 1,979 teraFLOPS" with 2:4 structured sparsity; dense is half."""
-
-H100_SXM_BYTES_PER_S = 3.35e12
-"""HBM3 bandwidth of an NVIDIA H100 SXM, bytes/s: "GPU memory bandwidth 3.35TB/s" (same datasheet)."""
-
 
 @dataclass(frozen=True)
 class DecodeCost:
@@ -84,8 +77,8 @@ class DecodeCost:
 
 
 def decode_step_cost(B: int, h: int, S: int, d_k: int, itemsize: int, n_kv_heads: int | None = None,
-                     peak_flops: float = H100_SXM_BF16_FLOPS,
-                     bandwidth: float = H100_SXM_BYTES_PER_S) -> DecodeCost:
+                     peak_flops: float = H100_SXM.peak_flops,
+                     bandwidth: float = H100_SXM.bandwidth) -> DecodeCost:
     """FLOPs and cache bytes of one layer's attention for one new token per sequence, S positions cached.
 
     FLOPs: each of the h query heads scores S keys (2 d_k FLOPs each) and sums S values (2 d_k):

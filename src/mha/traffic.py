@@ -23,80 +23,25 @@ The counts, all for one attention core (B batch, h heads, T queries, S keys, d =
   reuse, every tensor read or written once.
 - decoding: `kv_cache.decode_step_cost` (one new token reads the whole cache).
 
-Accelerators: `H100_SXM` and `H200_SXM`, dense bf16 tensor-core peaks and HBM bandwidths from
-NVIDIA's data sheets (same GH100 chip, 132 SMs, up to 228 KiB of shared memory per SM; the H200
-has HBM3e at 4.8 TB/s instead of HBM3 at 3.35 TB/s).
+Accelerators: `hardware.Accelerator` rows (`hardware.H100_SXM`, `hardware.H200_SXM`: dense bf16
+tensor-core peaks and HBM bandwidths from NVIDIA's data sheets, same GH100 chip, the H200 with
+HBM3e at 4.8 TB/s instead of HBM3 at 3.35 TB/s).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
 
 from .flash import SKIPPED, tile_schedule
-from .kv_cache import H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S
+from .hardware import Accelerator
 from .validate import require_bool, require_int
-
-
-def _require_rate(name: str, value: object) -> float:
-    """value as a float if it is a positive, finite real number (a bool is refused), else raise."""
-    if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__} {value!r}")
-    if not (math.isfinite(value) and value > 0):
-        raise ValueError(f"{name} must be a positive, finite number, got {value!r}")
-    return float(value)
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """Peak dense bf16 FLOP/s, HBM bytes/s and on-chip memory of one GPU."""
-
-    name: str
-    peak_flops: float
-    bandwidth: float
-    sram_per_sm: int  # bytes of shared memory one SM's program may use
-    n_sm: int
-
-    def __post_init__(self) -> None:
-        if not isinstance(self.name, str):
-            raise TypeError(f"name must be a str, got {type(self.name).__name__} {self.name!r}")
-        _require_rate("peak_flops", self.peak_flops)
-        _require_rate("bandwidth", self.bandwidth)
-        require_int("sram_per_sm", self.sram_per_sm)
-        require_int("n_sm", self.n_sm)
-
-    @property
-    def ridge(self) -> float:
-        """FLOPs per byte above which a kernel is bound by arithmetic, not by memory."""
-        return self.peak_flops / self.bandwidth
-
-    def attainable(self, intensity: float) -> float:
-        """The roofline: the most FLOP/s a kernel of this intensity can reach, min(peak, I * bandwidth)."""
-        if isinstance(intensity, bool) or not isinstance(intensity, int | float | np.integer | np.floating):
-            raise TypeError(f"intensity must be a number (FLOPs per byte), got "
-                            f"{type(intensity).__name__} {intensity!r}")
-        if not intensity >= 0:  # NaN fails this too
-            raise ValueError(f"intensity must be >= 0 FLOPs per byte, got {intensity!r}")
-        return min(self.peak_flops, intensity * self.bandwidth)
-
-
-H100_SXM = Accelerator("H100 SXM", H100_SXM_BF16_FLOPS, H100_SXM_BYTES_PER_S, 228 * 1024, 132)
-"""NVIDIA H100 SXM5: 989 TFLOP/s dense bf16 (the data sheet's 1,979 is with 2:4 sparsity),
-3.35 TB/s HBM3; 228 KiB shared memory per SM is compute capability 9.0's limit (CUDA C++
-Programming Guide, "Technical Specifications per Compute Capability")."""
-
-H200_SXM = Accelerator("H200 SXM", H100_SXM_BF16_FLOPS, 4.8e12, 228 * 1024, 132)
-"""NVIDIA H200 SXM: the same GH100 compute (989 TFLOP/s dense bf16; "1,979 TFLOPS" with
-sparsity in the data sheet) with 141 GB of HBM3e at 4.8 TB/s."""
-
-ACCELERATORS = (H100_SXM, H200_SXM)
 
 
 def _require_accelerator(acc: object) -> Accelerator:
     if not isinstance(acc, Accelerator):
-        raise TypeError(f"acc must be a traffic.Accelerator (e.g. traffic.H100_SXM), got "
+        raise TypeError(f"acc must be a hardware.Accelerator (e.g. hardware.H100_SXM), got "
                         f"{type(acc).__name__} {acc!r}")
     return acc
 
@@ -119,8 +64,8 @@ class Traffic:
 
     def seconds(self, acc: Accelerator) -> float:
         """The roofline's lower bound on the time: max(FLOPs / peak, bytes / bandwidth)."""
-        acc = _require_accelerator(acc)
-        return max(self.flops / acc.peak_flops, self.bytes / acc.bandwidth)
+        peak, bandwidth = _require_accelerator(acc).figures("peak_flops", "bandwidth")
+        return max(self.flops / peak, self.bytes / bandwidth)
 
     def bound(self, acc: Accelerator) -> str:
         """"memory" or "compute": the bound this kernel meets on `acc`."""
