@@ -2,7 +2,8 @@
 
 The attention core (`numpy_mha.attention`, `torch_mha.attention`) takes q, k, v, a boolean
 mask and an additive bias, and nothing else. Every production feature becomes one of those
-inputs, computed here from token POSITIONS:
+inputs, computed here from token POSITIONS (the mask as one `masking.MaskSpec`, `mask_spec`,
+which each backend lowers: no mask or is_causal for SDPA, a BlockMask for Flex, tiles for flash):
 
     n_kv_heads   k and v are projected to h_kv heads; the core shares each among h / h_kv queries
     rope         q and k are rotated by their positions after step 2 (mha.posenc.rope)
@@ -10,6 +11,7 @@ inputs, computed here from token POSITIONS:
     causal       mask: k_pos <= q_pos (so a chunk after a cache is aligned bottom-right for free)
     window       mask: q_pos - k_pos < window (a causal band; the cache then keeps `window` keys)
     padding      a NEGATIVE position marks a pad token: mask k_pos >= 0, so no query reads it
+    documents    a MaskSpec given as `mask` (packed sequences) keeps each query in its document
     cache        k, v (and their positions) are appended, and the queries read all of them
 
 Positions are (T,) for the whole batch or (B, T) per sequence (`padded_positions` makes them
@@ -25,7 +27,7 @@ from typing import Any
 
 import numpy as np
 
-from . import steps
+from .masking import MaskSpec, as_numpy
 from .posenc import PAIRINGS, alibi_slopes, position_bias, rope
 from .validate import (  # torch: lazy
     is_torch,
@@ -177,43 +179,45 @@ def rotate(x: Any, pos: Any, opts: Options) -> Any:
     return rope(x, pos, opts.rope_base, opts.rope)  # (B, heads, T, d_k)
 
 
-def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any, B: int,
-            h: int) -> Any:
-    """The boolean mask the core gets (True = may attend), from positions and a user mask; or None.
+def mask_spec(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any, B: int,
+              h: int) -> MaskSpec:
+    """The description of what this call may attend (`masking.MaskSpec`), from the module's
+    positions, causal flag, window and the caller's `mask`.
 
-    q_pos (T,)|(B, T), k_pos (S,)|(B, S); the result broadcasts to (B, h, T, S).
+    q_pos (T,)|(B, T), k_pos (S,)|(B, S) (the cache's keys included). `mask` is None, a boolean
+    array (True = may attend; (T, S), (B, T, S) or (B|1, h|1, T, S)) or a MaskSpec, whose
+    documents, user mask, pad keys and causal / window join the module's positions.
     """
     if window is not None and not causal:
         raise ValueError(f"window={window} is a causal band (a query reads its last {window} keys): "
                          f"call with causal=True")
-    qp, kp = q_pos[..., :, None], k_pos[..., None, :]  # (.., T, 1), (.., 1, S)
-    parts = []
-    if causal:
-        parts.append(_staircase(q_pos, k_pos))  # (.., T, S): no key after the query
-    if window is not None:
-        parts.append(qp - kp < window)  # (.., T, S): and at most window - 1 keys back
-    if bool((k_pos < 0).any()):
-        parts.append(kp >= 0)  # (.., 1, S): pad tokens (negative positions) are never read
-    if mask is not None:
-        T, S = shape_of(q_pos)[-1], shape_of(k_pos)[-1]
-        m = mask.reshape(mask_shape(mask, B, h, T, S))  # (B|1, h|1, T, S)
-        parts.append(torch.as_tensor(m, device=q_pos.device) if is_torch(q_pos) else m)
-    out = None
-    for p in parts:
-        p = p[:, None] if p.ndim == 3 else p  # (B, T, S) -> (B, 1, T, S): the same for every head
-        out = p if out is None else out & p
-    return out
-
-
-def _staircase(q_pos: Any, k_pos: Any) -> Any:
-    """k_pos <= q_pos; for numpy queries at offset + 0..T-1 and keys 0..S-1, the lessons' steps.causal_mask."""
     T, S = shape_of(q_pos)[-1], shape_of(k_pos)[-1]
-    plain = (isinstance(q_pos, np.ndarray) and q_pos.ndim == k_pos.ndim == 1 and T > 0
-             and np.array_equal(k_pos, np.arange(S)) and np.array_equal(q_pos, q_pos[0] + np.arange(T)))
-    if plain:  # the staircase of 05_causal_mask.ipynb, offset S - T after a cache (bottom-right)
-        offset = int(q_pos[0])  # 0 without a cache: the call every lesson makes
-        return steps.causal_mask(T, S, offset=offset) if offset else steps.causal_mask(T, S)
-    return k_pos[..., None, :] <= q_pos[..., :, None]  # (.., T, S): compare positions
+    q_doc = k_doc = user = None
+    if isinstance(mask, MaskSpec):
+        if (mask.T, mask.S) != (T, S):
+            raise ValueError(f"the MaskSpec describes T={mask.T} queries and S={mask.S} keys, but "
+                             f"this call has T={T} and S={S} (keys from a cache included)")
+        move = (lambda a: a) if is_torch(q_pos) else (lambda a: None if a is None else as_numpy(a))
+        q_doc, k_doc, user = move(mask.q_doc), move(mask.k_doc), move(mask.user)
+        if user is not None:
+            mask_shape(user, B, h, T, S)  # its batch and heads must fit this call
+        if bool((mask.k_pos < 0).any()):  # the spec's pad keys stay pads
+            pads = move(mask.k_pos) < 0  # (S,)|(B, S)
+            k_pos = torch.where(pads, -1, k_pos) if is_torch(k_pos) else np.where(pads, -1, k_pos)
+        causal, window = causal or mask.causal, mask.window if window is None else window
+    elif mask is not None:
+        user = mask.reshape(mask_shape(mask, B, h, T, S))  # (B|1, h|1, T, S)
+        user = torch.as_tensor(user, device=q_pos.device) if is_torch(q_pos) else user
+    return MaskSpec(q_pos, k_pos, causal, window, q_doc, k_doc, user)
+
+
+def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any, B: int,
+            h: int) -> Any:
+    """The boolean mask (B|1, h|1, T, S) the core gets (True = may attend), or None if all may.
+
+    `mask_spec(...).dense()`: for callers that need the tensor (a ring's block rule).
+    """
+    return mask_spec(q_pos, k_pos, causal, window, mask, B, h).dense()
 
 
 def check_cache(module: Any, cache: Any, cache_type: type, B: int, T: int, context: Any,
