@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import flash, steps
+from mha import flash, numpy_attention, steps
 
 
 def reference(q, k, v, causal=False, mask=None, offset=0):
@@ -279,15 +279,14 @@ def test_split_kv_equals_one_pass_softmax_attention(T, S, n_splits, masked, seed
     assert _split_kv_error(T, S, n_splits, masked, seed) <= 1e-12
 
 
-def _wrong_merge_states_no_rescale(a, b):
-    """Planted bug: adds ell and acc without rescaling each side by exp(m_i - m)."""
-    (m1, ell1, acc1), (m2, ell2, acc2) = a, b
-    return np.maximum(m1, m2), ell1 + ell2, acc1 + acc2
+def _wrong_merge_average(out_a, lse_a, out_b, lse_b):
+    """Planted bug: averages the chunks' normalised outputs instead of weighting them by their mass."""
+    return (out_a + out_b) / 2, np.logaddexp(lse_a, lse_b)
 
 
-def test_the_split_kv_check_catches_a_merge_without_rescaling(monkeypatch):
+def test_the_split_kv_check_catches_a_merge_without_reweighting(monkeypatch):
     assert _split_kv_error(2, 37, 4, False, 0) <= 1e-12
-    monkeypatch.setattr(flash, "merge_states", _wrong_merge_states_no_rescale)
+    monkeypatch.setattr(flash, "merge_partials", _wrong_merge_average)  # the name split-KV calls
     assert _split_kv_error(2, 37, 4, False, 0) > 1e-3
 
 
@@ -336,7 +335,7 @@ ORDERS = [((0, 1), 2), ((1, 2), 0), ((2, 0), 1), ((1, 0), 2), ((2, 1), 0)]
 @pytest.mark.parametrize("empty_part", [False, True])
 @pytest.mark.filterwarnings("error")
 def test_merge_partials_is_order_independent_and_equals_one_pass(order, empty_part):
-    assert _merge_parts(flash.merge_partials, order, 10, empty_part) <= 1e-12
+    assert _merge_parts(numpy_attention.merge_partials, order, 10, empty_part) <= 1e-12
 
 
 def _wrong_merge_sum(out_a, lse_a, out_b, lse_b):
@@ -358,7 +357,7 @@ def test_merging_two_empty_sides_gives_zeros_and_minus_inf():
     out = np.ones((1, 1, 2, 3))
     lse = np.full((1, 1, 2), -np.inf)
     with np.errstate(all="raise"):
-        got, got_lse = flash.merge_partials(out, lse, out, lse)
+        got, got_lse = numpy_attention.merge_partials(out, lse, out, lse)
     assert np.array_equal(got, np.zeros_like(out)) and np.isneginf(got_lse).all()
 
 
@@ -380,11 +379,11 @@ def test_split_kv_bad_input_names_what_was_expected(kwargs, error, match):
 def test_merge_partials_bad_input_names_what_was_expected():
     out, lse = np.zeros((1, 2, 3, 4)), np.zeros((1, 2, 3))
     with pytest.raises(ValueError, match=r"out_b must be \(1, 2, 3, 4\), got \(1, 2, 3, 5\)"):
-        flash.merge_partials(out, lse, np.zeros((1, 2, 3, 5)), lse)
+        numpy_attention.merge_partials(out, lse, np.zeros((1, 2, 3, 5)), lse)
     with pytest.raises(ValueError, match=r"lse_b must be \(1, 2, 3\), got \(1, 2, 4\)"):
-        flash.merge_partials(out, lse, out, np.zeros((1, 2, 4)))
+        numpy_attention.merge_partials(out, lse, out, np.zeros((1, 2, 4)))
     with pytest.raises(TypeError, match="lse_a must be a floating-point array"):
-        flash.merge_partials(out, np.zeros((1, 2, 3), dtype=int), out, lse)
+        numpy_attention.merge_partials(out, np.zeros((1, 2, 3), dtype=int), out, lse)
 
 
 # ---- float16: the running state, the accumulator and lse in float32 ---------------------------
@@ -474,7 +473,7 @@ def test_float16_partials_merge_in_float32():
     k[:, :, 8:] *= 4  # the second half holds most of the softmax mass
     q, k, v = (a.astype(np.float16) for a in (q, k, v))
     halves = [flash.flash_attention(q, k[:, :, a:a + 8], v[:, :, a:a + 8]) for a in (0, 8)]
-    out, lse = flash.merge_partials(*halves[0], *halves[1])
+    out, lse = numpy_attention.merge_partials(*halves[0], *halves[1])
     want, want_lse = _golden(q, k, v)
     work_err = 64 * 2.0**-24 * float(np.abs(v).max())
     # each half was rounded to float16 once already: allow its rounding and the merged one's
@@ -566,7 +565,6 @@ def _bad_calls():
     q, k, v = _qkv(np.random.default_rng(15), 1, 2, 5, 7, 4)
     out, lse = flash.flash_attention(q, k, v)
     mask = np.ones((5, 7), dtype=bool)
-    state, one_row = flash.empty_state((2,), 3, 4, np.float64), flash.empty_state((2,), 1, 4, np.float64)
     torch = pytest.importorskip("torch")
     return [
         ("mask where causal goes", lambda: flash.flash_attention(q, k, v, mask), TypeError,
@@ -594,10 +592,6 @@ def _bad_calls():
          "dtype must be a floating-point dtype .*, got int64"),
         ("empty_state negative rows", lambda: flash.empty_state((2,), -1, 4, np.float64), ValueError,
          "rows must be >= 0, got -1"),
-        ("merge_states of different rows", lambda: flash.merge_states(state, one_row), ValueError,
-         r"b's m must have the shape of a's, \(2, 3, 1\), got \(2, 1, 1\)"),
-        ("merge_states of a pair", lambda: flash.merge_states(state, state[:2]), TypeError,
-         "b must be a state \\(m, ell, acc\\), got tuple of length 2"),
         ("three passes over an array", lambda: flash.softmax_three_passes(np.ones(3)), TypeError,
          r"scores must be a ScoreStream \(flash.ScoreStream\(row, block\)\), got ndarray"),
         ("one pass over an array", lambda: flash.attend_one_pass(np.ones(3), np.ones((3, 2))), TypeError,

@@ -208,7 +208,7 @@ def test_record_forward_is_the_module_forward_bit_for_bit(module):
 
 
 def test_record_forward_uses_the_one_attention_core(module, monkeypatch):
-    """Steps 3-6 of the recorded forward are numpy_mha.attention, not a copy of it."""
+    """Steps 3-6 of the recorded forward are numpy_attention.attention, not a copy of it."""
     calls = []
     core = grad.attention
 

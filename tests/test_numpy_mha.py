@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import checks, numpy_mha, steps
+from mha import checks, numpy_attention, steps
 from mha.bench import derived_tolerance
 from mha.numpy_mha import MultiHeadAttention, format_ledger
 from tests.reference import attention_loops
@@ -141,7 +141,7 @@ def test_attention_core_runs_float16_in_float32_and_returns_float16():
     assert np.abs(s).max() > np.finfo(np.float16).max  # the case is the one that overflows
     e = np.exp(s - s.max(-1, keepdims=True))
     w64 = e / e.sum(-1, keepdims=True)
-    out, w = numpy_mha.attention(q, k, v)
+    out, w = numpy_attention.attention(q, k, v)
     assert out.dtype == np.float16 and w.dtype == np.float16
     for got, want in ((out, w64 @ v64), (w, w64)):
         ref_err, allowed_err = derived_tolerance(want, want.astype(np.float16), torch.float16)
@@ -228,6 +228,6 @@ def test_the_module_a_student_reads_fits_one_screen():
     assert "ledger" not in shown.text and "attention(q, k, v" in shown.text
     for step in ("linear", "split_heads", "merge_heads"):
         assert f"steps.{step}" in shown.text, step
-    core = show_source(numpy_mha.attention)
+    core = show_source(numpy_attention.reference_attention)
     for step in ("scaled_scores", "apply_mask", "softmax", "weighted_sum"):
         assert f"steps.{step}" in core.text, step

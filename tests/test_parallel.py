@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, flash, parallel
+from mha import bench, numpy_attention, parallel
 
 
 def _qkv(B=2, h=4, T=16, d_k=8, dtype=torch.float64, seed=0):
@@ -67,7 +67,7 @@ def test_merge_equals_the_numpy_merge_and_a_plain_average_does_not():
     b = parallel.attention_lse(q, k[:, :, 3:], v[:, :, 3:])
     out, lse = parallel.merge_partials(*a, *b)
     assert float((out - _reference(q, k, v, False)).abs().max()) < 1e-12
-    np_out, np_lse = flash.merge_partials(*(t.numpy() for t in (*a, *b)))
+    np_out, np_lse = numpy_attention.merge_partials(*(t.numpy() for t in (*a, *b)))
     assert np.abs(out.numpy() - np_out).max() < 1e-14 and np.abs(lse.numpy() - np_lse).max() < 1e-14
     planted = (a[0] + b[0]) / 2  # the usual mistake: averaging normalised outputs, no lse
     assert float((planted - out).abs().max()) > 1e-2, "the check could not tell the planted merge"

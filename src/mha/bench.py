@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from . import hardware, numpy_mha, steps
+from . import hardware, numpy_attention, steps
 from .torch_mha import causal_mask, manual_attention
 
 BACKENDS: dict[str, SDPBackend] = {
@@ -202,7 +202,7 @@ def numpy_peak_bytes(fn: Callable[[], object]) -> int:
 def numpy_core(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False) -> np.ndarray:
     """Steps 3-6: the numpy module's attention core (what it runs between its projections)."""
     allowed = steps.causal_mask(q.shape[-2], k.shape[-2]) if causal else None  # (T, S)
-    return numpy_mha.attention(q, k, v, allowed)[0]  # (B, h, T, d_k)
+    return numpy_attention.attention(q, k, v, allowed)[0]  # (B, h, T, d_k)
 
 
 def manual_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False) -> torch.Tensor:

@@ -10,22 +10,21 @@ backward pass (`flash_attention_backward`: key blocks outside, P recomputed tile
 the logsumexp). Memory is O(block_q * block_k) per step instead of O(T * S).
 
 The state (m, ell, acc) is the whole story, so it has its own small API: `empty_state`, one
-update per block of keys (`_update`, shared by both attention functions below), `merge_states`
-for two disjoint sets of keys (m = max(m1, m2), each side rescaled by exp(m_i - m)) and one
-final division. `choose_blocks` picks the tile sizes from the shapes when none are given: big
+update per block of keys (`_update`, shared by both attention functions below) and one
+final division (`_finish`). `choose_blocks` picks the tile sizes from the shapes when none are given: big
 tiles for few trips round the Python loop, small enough for the tile's passes to stay in cache.
 
 Flash decoding (`split_kv_attention`, Dao et al. 2023): with one new query there are no query
 blocks to share out, so the keys are split into chunks instead, one state per chunk (on a GPU,
-in parallel), then merged. `merge_partials` merges two already normalised results (out, lse),
-the form ring attention passes from device to device.
+in parallel), each normalised to (out, lse), then merged by `numpy_attention.merge_partials`,
+the one logsumexp merge (the form ring attention passes from device to device, too).
 
 Passes over the scores (`ScoreStream` counts them): the stable softmax reads a row three times
 (max, sum, normalise: `softmax_three_passes`); the online softmax finds max and sum in one pass
 and normalises in a second (`softmax_two_passes`); only fused with the weighted sum, the output
 rescaled instead of the weights, is it one pass (`attend_one_pass`, and the tiles below).
 
-Precision: float16 inputs are computed in float32 (`numpy_mha.compute_dtype`, the core's own
+Precision: float16 inputs are computed in float32 (`numpy_attention.compute_dtype`, the core's own
 rule): the scores, the running m and ell, the accumulator, lse and the backward's delta and
 gradient sums, as FlashAttention's kernels and PyTorch's SDPA math path do. float16 keeps 11 bits
 and ends at 65504 (q.k of entries of 100 at d_k = 64 is already inf), and a running sum over
@@ -44,7 +43,7 @@ from collections.abc import Iterator
 
 import numpy as np
 
-from .numpy_mha import compute_dtype
+from .numpy_attention import compute_dtype, merge_partials
 from .validate import (
     is_torch,
     mask_shape,
@@ -204,38 +203,6 @@ def _update(state: State, scores: np.ndarray, v_block: np.ndarray) -> State:
     acc *= alpha
     acc += p @ v_block  # (..., rows, bk) @ (..., bk, d_v) -> (..., rows, d_v)
     return m_new, ell, acc
-
-
-def merge_states(a: State, b: State) -> State:
-    """The state of two disjoint sets of keys, from each one's state (the logsumexp rule).
-
-    m = max(m1, m2); each side is rescaled to the common max by exp(m_i - m) before adding,
-    so ell and acc mean sum(exp(score - m)) over both sets. An empty side (m = -inf) adds 0.
-    """
-    (m1, ell1, acc1), (m2, ell2, acc2) = _check_state("a", a), _check_state("b", b)
-    for name, x, y in (("m", m1, m2), ("ell", ell1, ell2), ("acc", acc1, acc2)):
-        if shape_of(x) != shape_of(y):
-            raise ValueError(f"b's {name} must have the shape of a's, {shape_of(x)}, got {shape_of(y)} "
-                             f"(merging needs the same rows; a broadcast would be silently wrong)")
-    m = np.maximum(m1, m2)  # (..., rows, 1)
-    base = np.where(np.isfinite(m), m, 0.0)  # both empty: exp(-inf - 0) = 0, no NaN
-    w1, w2 = np.exp(m1 - base), np.exp(m2 - base)  # (..., rows, 1) each
-    return m, w1 * ell1 + w2 * ell2, w1 * acc1 + w2 * acc2
-
-
-def _check_state(name: str, state: State) -> State:
-    """A state (m, ell, acc) with m, ell (..., rows, 1) and acc (..., rows, d_v); else a clear error."""
-    if not isinstance(state, tuple | list) or len(state) != 3:
-        raise TypeError(f"{name} must be a state (m, ell, acc), got {type(state).__name__}"
-                        + (f" of length {len(state)}" if isinstance(state, tuple | list) else ""))
-    m, ell, acc = state
-    for part, x in (("m", m), ("ell", ell), ("acc", acc)):
-        require_float(f"{name}'s {part}", x)
-    if m.ndim < 2 or m.shape[-1] != 1 or shape_of(ell) != shape_of(m) or \
-            shape_of(acc)[:-1] != shape_of(m)[:-1]:
-        raise ValueError(f"{name} must be (m (..., rows, 1), ell like m, acc (..., rows, d_v)), got "
-                         f"shapes {shape_of(m)}, {shape_of(ell)}, {shape_of(acc)}")
-    return m, ell, acc
 
 
 def _finish(state: State) -> tuple[np.ndarray, np.ndarray]:
@@ -459,8 +426,8 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     """Flash decoding: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) in key chunks -> (out, lse).
 
     With T = 1 (one new token) the query loop of flash_attention has nothing to split, so the keys
-    are split instead: each chunk gets its own state (m, ell, acc) (on a GPU, in parallel), the
-    states are merged by `merge_states` and normalised once. Same contract as flash_attention;
+    are split instead: each chunk gets its own state (m, ell, acc) (on a GPU, in parallel) and
+    hands over its normalised (out, lse); `merge_partials` combines them. Same contract as flash_attention;
     n_splits > S leaves some chunks empty (m = -inf), which the merge ignores.
     """
     B, h, T, S, d_k = _check_qkv(q, k, v)
@@ -470,7 +437,7 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
     q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
     qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)  # (B, h, T, d_k)
     edges = [i * S // n_splits for i in range(n_splits + 1)]  # chunk sizes differ by at most 1
-    states = []
+    parts = []
     for s0, s1 in zip(edges[:-1], edges[1:], strict=True):  # independent: one GPU block each
         state = empty_state((B, h), T, v.shape[-1], dtype)
         if s1 > s0:
@@ -478,32 +445,23 @@ def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.nda
             if mask4 is not None:
                 np.copyto(scores, -np.inf, where=~mask4[..., s0:s1])  # (B|1, h|1, T, c)
             state = _update(state, scores.astype(dtype, copy=False), v[:, :, s0:s1])
-        states.append(state)
-    out, lse = _finish(functools.reduce(merge_states, states))
-    return out.astype(out_dtype, copy=False), lse  # out rounded once; lse in the working dtype
+        parts.append(_partial(state))  # each chunk hands over its normalised (out, lse)
+    out, lse = functools.reduce(lambda a, b: merge_partials(*a, *b), parts)  # the combine step
+    return out.astype(out_dtype, copy=False), lse.astype(dtype)  # out rounded once; lse working dtype
 
 
-def merge_partials(out_a: np.ndarray, lse_a: np.ndarray, out_b: np.ndarray,
-                   lse_b: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Attention over keys A and B from each side's normalised (out (..., T, d_v), lse (..., T)).
+def _partial(state: State) -> tuple[np.ndarray, np.ndarray]:
+    """A chunk's normalised (out, lse), lse in float64: m + log(ell) must keep log(ell)'s digits.
 
-    out_a is acc_a / ell_a with lse_a = m_a + log(ell_a), so exp(lse_a - lse) is the share of the
-    softmax mass that A holds: out = that share times out_a plus B's, lse = logaddexp(lse_a, lse_b).
-    This is the form ring attention passes round; a side with lse = -inf (no keys) counts 0.
+    With scores of 1e5 (float16 inputs of a few hundred) float32 spaces numbers 0.008 apart
+    there, so an lse rounded to float32 would mis-weigh the chunks by up to 0.8 %; the merge
+    then runs in float64 (`merge_partials` computes in the wider of its inputs' dtypes).
     """
-    for name, x in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
-        require_float(name, x)
-    require_shape("out_b", out_b, shape_of(out_a))
-    require_shape("lse_a", lse_a, shape_of(out_a)[:-1])
-    require_shape("lse_b", lse_b, shape_of(out_a)[:-1])
-    out_dtype = np.result_type(out_a, out_b)
-    work = compute_dtype(np.result_type(out_dtype, lse_a, lse_b))  # float16 parts: merged in float32
-    out_a, lse_a, out_b, lse_b = (np.asarray(a, dtype=work) for a in (out_a, lse_a, out_b, lse_b))
-    lse = np.logaddexp(lse_a, lse_b)  # (..., T)
-    base = np.where(np.isfinite(lse), lse, 0.0)  # both sides empty: weights exp(-inf) = 0
-    w_a = np.exp(lse_a - base)[..., None]  # (..., T, 1): A's share of the mass
-    w_b = np.exp(lse_b - base)[..., None]  # (..., T, 1)
-    return (w_a * out_a + w_b * out_b).astype(out_dtype, copy=False), lse  # out rounded once
+    out, _ = _finish(state)  # (..., rows, d_v)
+    m, ell, _ = state
+    with np.errstate(divide="ignore"):
+        lse = m[..., 0].astype(np.float64) + np.log(ell[..., 0].astype(np.float64))  # (..., rows)
+    return out, lse
 
 
 def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int]:

@@ -22,7 +22,8 @@ from typing import Any
 import numpy as np
 
 from . import steps as fwd  # the forward's steps; `steps` below names a BackwardSteps
-from .numpy_mha import MultiHeadAttention, attention
+from .numpy_attention import attention
+from .numpy_mha import MultiHeadAttention
 from .validate import is_torch, require_float, require_heads, require_shape, shape_of, torch
 
 Array = Any

@@ -1,11 +1,10 @@
 """Multi-head attention in numpy, assembled from the seven steps in `mha.steps`.
 
-    attention(q, k, v, mask, bias)   steps 3-6, the one numpy attention core: every module,
-                                     decoding step, position scheme and variant ends here
-    repeat_kv(x, n_rep)              grouped-query heads laid out for the core
-    MultiHeadAttention               steps 1-7 around the core, with the production features as
-                                     options (n_kv_heads, rope, alibi, window) and a cache and
-                                     per-sequence positions passed to forward (see mha.compose)
+    MultiHeadAttention               steps 1-7 around the attention core (steps 3-6,
+                                     `mha.numpy_attention.attention`, on a named backend), with
+                                     the production features as options (n_kv_heads, rope, alibi,
+                                     window) and a cache and per-sequence positions passed to
+                                     forward (see mha.compose)
 """
 
 from __future__ import annotations
@@ -15,16 +14,16 @@ import math
 import numpy as np
 
 from . import compose, ledger, steps
+from .backends import Call
 from .kv_cache import KVCache
 from .ledger import LedgerRow, format_ledger  # noqa: F401  (re-exported for callers)
+from .numpy_attention import BACKENDS, attention
 from .validate import (
     mask_shape,
     require_float,
     require_heads,
     require_int,
     require_query_and_context,
-    require_shape,
-    shape_of,
 )
 
 # What `trace` writes for each step call, in call order (see mha.ledger).
@@ -41,74 +40,6 @@ LEDGER_LABELS = {
     "weighted_sum": [("6 weighted sum", "weights @ v", "(B, h, T, d_k)")],
     "merge_heads": [("7 merge heads", "concat of heads", "(B, T, d_model)")],
 }
-
-
-def repeat_kv(x: np.ndarray, n_rep: int) -> np.ndarray:
-    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k): each key/value head n_rep times in a row.
-
-    Head j of the result is head j // n_rep, the order of torch's repeat_interleave and of
-    SDPA's enable_gqa: query heads 0..g-1 share key/value head 0, and so on.
-    """
-    n_rep = require_int("n_rep", n_rep)
-    require_shape("x", x, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
-    return x if n_rep == 1 else np.repeat(x, n_rep, axis=1)  # (B, h_kv * n_rep, S, d_k)
-
-
-def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
-              bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 3-6, the one numpy attention core: q (B,h,T,d_k), k, v (B,h_kv,S,d_k) -> (out, weights).
-
-    out (B, h, T, d_k) and the weights (B, h, T, S). h_kv must divide h (grouped-query heads
-    are shared, as `repeat_kv` lays them out). `mask` is boolean, True = may attend, and
-    `bias` is added to the scaled scores before the mask (ALiBi, relative positions); both
-    broadcast to (B, h, T, S). Every module, position scheme, cache and variant ends here.
-    float16 inputs are computed in float32 and the results cast back (see `compute_dtype`).
-    """
-    require_shape("k", k, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
-    h, h_kv = shape_of(q)[1], shape_of(k)[1]
-    if h_kv != h:
-        k, v = (repeat_kv(a, _group(h, h_kv)) for a in (k, v))  # (B, h, S, d_k): shared heads
-    dtype, work = q.dtype, compute_dtype(q.dtype)
-    if work != dtype:  # float16: the scores q.k overflow its 65504 long before the inputs do
-        q, k, v = (a.astype(work) for a in (q, k, v))  # (B, h, T|S, d_k) in float32
-    scores = steps.scaled_scores(q, k)  # 3) (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
-    if bias is not None:
-        scores = scores + _broadcast("bias", bias, scores).astype(scores.dtype)  # after scaling
-    if mask is not None:
-        scores = steps.apply_mask(scores, mask)  # 4) -inf where masked, after the bias
-    weights = steps.softmax(scores)  # 5) (B, h, T, S): rows sum to 1 (or are 0 if all masked)
-    out = steps.weighted_sum(weights, v)  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
-    return out.astype(dtype, copy=False), weights.astype(dtype, copy=False)  # back to the input's
-
-
-def compute_dtype(dtype: np.dtype) -> np.dtype:
-    """The dtype steps 3-6 run in: float32 for float16 inputs, else the inputs' own dtype.
-
-    float16's largest number is 65504: q and k entries of a few hundred already give scores past
-    it (inf), and softmax turns inf - inf into NaN. The weights lie in [0, 1] and the outputs are
-    averages of value rows, so both fit float16 again once computed. PyTorch's SDPA math path
-    (`_scaled_dot_product_attention_math`) upcasts half q, k, v to float32 the same way.
-    """
-    dtype = np.dtype(dtype)
-    return np.dtype(np.float32) if dtype == np.float16 else dtype
-
-
-def _group(h: int, h_kv: int) -> int:
-    """g = h / h_kv query heads per key/value head; a clear error if h_kv does not divide h."""
-    if h_kv < 1 or h % h_kv:
-        raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
-                         f"(grouped-query attention), got h_kv={h_kv}")
-    return h // h_kv
-
-
-def _broadcast(name: str, a: np.ndarray, scores: np.ndarray) -> np.ndarray:
-    """a, checked to broadcast to the scores (B, h, T, S)."""
-    try:
-        np.broadcast_shapes(shape_of(a), shape_of(scores))
-    except ValueError:
-        raise ValueError(f"{name} {shape_of(a)} must broadcast to the scores (B, h, T, S) = "
-                         f"{shape_of(scores)}") from None
-    return a
 
 
 def float_dtype(dtype) -> np.dtype:
@@ -131,13 +62,14 @@ class MultiHeadAttention:
     N(0, 1/d_model), applied as `x @ W` (in, out), and zero biases. With the defaults this is
     the seven steps of the lessons; the options (see `mha.compose`) only change what the core
     gets: `n_kv_heads` (grouped-query / multi-query attention), `rope` ("half" or
-    "interleaved"), `alibi`, `window` (a causal sliding window). Shapes: x (B, T, d_model) ->
-    (B, T, d_model).
+    "interleaved"), `alibi`, `window` (a causal sliding window). `backend` names the kernel
+    of steps 3-6 (`numpy_attention.BACKENDS`: "reference", "flash", "split_kv"); one that cannot
+    serve the options is refused here. Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
 
     def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64, *,
                  n_kv_heads: int | None = None, rope: str | None = None, rope_base: float = 10000.0,
-                 alibi: bool = False, window: int | None = None):
+                 alibi: bool = False, window: int | None = None, backend: str = "reference"):
         self.d_k = require_heads(d_model, n_heads)
         self.d_model, self.n_heads = int(d_model), int(n_heads)
         self.options = compose.check_options(self.n_heads, self.d_k, n_kv_heads, rope, rope_base,
@@ -145,6 +77,7 @@ class MultiHeadAttention:
         self.n_kv_heads = self.options.n_kv_heads
         self.group = self.n_heads // self.n_kv_heads  # g query heads per key/value head
         self.dtype = float_dtype(dtype)
+        self.backend = self._check_backend(backend)
         rng = np.random.default_rng(require_int("seed", seed, minimum=0))
         # std 1/sqrt(d_model): each projected feature sums d_model products of unit-variance
         # inputs, so its variance stays ~1 instead of growing with the width.
@@ -168,20 +101,27 @@ class MultiHeadAttention:
         return (f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "
                 f"d_k={self.d_k}, dtype={self.dtype}{', ' + extra if extra else ''})")
 
-    def __call__(self, x, context=None, causal=False, mask=None, positions=None, cache=None):
-        return self.forward(x, context, causal, mask, positions, cache)
+    def __call__(self, x, context=None, causal=False, mask=None, positions=None, cache=None,
+                 backend=None):
+        return self.forward(x, context, causal, mask, positions, cache, backend)
 
     def forward(self, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
                 mask: np.ndarray | None = None, positions: np.ndarray | None = None,
-                cache: KVCache | None = None) -> np.ndarray:
+                cache: KVCache | None = None, backend: str | None = None) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         `causal=True` lets a query see keys at positions <= its own. `mask` is boolean, True =
         may attend, (T, S), (B, T, S) or (B|1, h|1, T, S), combined with the rest. `positions`
         (T,) or (B, T) ints (default 0..T-1, or after the cache; negative = padding). `cache`
-        (self-attention only) keeps k, v for the next call. The weights stay on `self.attn`.
+        (self-attention only) keeps k, v for the next call. `backend` (default the module's)
+        runs steps 3-6; with "flash", a one-token step after a cache runs "split_kv" (flash
+        decoding: one query, so the keys are split instead). The weights stay on `self.attn`
+        when the backend forms them, else it holds None.
         """
+        backend = self.backend if backend is None else self._check_backend(backend)
         B, T, S = self._check_inputs(x, context, mask, cache)
+        if backend == "flash" and cache is not None and T == 1:
+            backend = "split_kv"  # flash decoding
         causal = compose.require_causal(causal, self.options.window)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
         k_pos = q_pos if context is None else np.arange(S)  # (T,)|(B, T), or the context's 0..S-1
@@ -196,7 +136,7 @@ class MultiHeadAttention:
             k, v, k_pos = cache.update(k, v, np.broadcast_to(k_pos, (B, T)))
         allowed = compose.allowed(q_pos, k_pos, causal, self.options.window, mask, B, self.n_heads)
         bias = compose.alibi(self.options, self.n_heads, q_pos, k_pos)  # None without ALiBi
-        heads, self.attn = attention(q, k, v, allowed, bias)  # 3-6) scores, mask, softmax, sum
+        heads, self.attn = attention(q, k, v, allowed, bias, backend=backend)  # 3-6) on the backend
         merged = steps.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return steps.linear(merged, self.Wo, self.bo)  # ... then the output projection
 
@@ -213,6 +153,14 @@ class MultiHeadAttention:
     def allowed(self, B: int, T: int, S: int, causal: bool, mask) -> np.ndarray | None:
         """Combine `causal` and `mask` into one boolean array that broadcasts to (B, h, T, S)."""
         return compose.allowed(np.arange(T), np.arange(S), causal, None, mask, B, self.n_heads)
+
+    def _check_backend(self, backend: str) -> str:
+        """backend, if it can serve this module's options (GQA, ALiBi, window) and dtype."""
+        needs = {f for f, used in (("gqa", self.n_kv_heads != self.n_heads),
+                                   ("bias", self.options.alibi),
+                                   ("window", self.options.window is not None)) if used}
+        BACKENDS.check(backend, Call(dtype=str(self.dtype), needs=frozenset(needs)))
+        return backend
 
     def _check_inputs(self, x, context, mask=None, cache=None) -> tuple[int, int, int]:
         B, T, S = require_query_and_context(x, context, self.d_model)

@@ -49,7 +49,7 @@ from torch.nn.attention.flex_attention import (
     flex_attention,
 )
 
-from . import compose, masks, numpy_mha, steps, torch_mha
+from . import compose, masks, numpy_attention, numpy_mha, steps, torch_mha
 from .posenc import (  # noqa: F401  (RoPE and ALiBi, re-exported: the lessons reach them here)
     _rotate,
     alibi_bias,
@@ -211,7 +211,7 @@ def repeat_kv(x: Any, n_rep: int) -> Any:
     Head j of the result is key/value head j // n_rep: query heads 0..g-1 share kv head 0, and
     so on. The same order as torch's repeat_interleave(n_rep, dim=1) and SDPA's enable_gqa.
     """
-    return (torch_mha.repeat_kv if is_torch(x) else numpy_mha.repeat_kv)(x, n_rep)
+    return (torch_mha.repeat_kv if is_torch(x) else numpy_attention.repeat_kv)(x, n_rep)
 
 
 def gqa_param_count(d_model: int, n_heads: int, n_kv_heads: int) -> int:
