@@ -18,7 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mha import compose, generate, numpy_mha, positions, torch_mha, train
+from mha import compose, generate, numpy_mha, torch_mha, train
 from mha.kv_cache import KVCache, TorchKVCache
 
 D, H = 16, 4  # d_model, heads: d_k = 4
@@ -120,8 +120,8 @@ def test_generate_feeds_each_new_token_but_the_last():
 MODULES = {
     "numpy": lambda **kw: numpy_mha.MultiHeadAttention(D, H, **kw),
     "torch": lambda **kw: torch_mha.MultiHeadAttention(D, H, **kw),
-    "numpy-gqa": lambda **kw: positions.GroupedQueryAttention(D, H, 2, **kw),
-    "torch-gqa": lambda **kw: positions.TorchGroupedQueryAttention(D, H, 2, **kw),
+    "numpy-gqa": lambda **kw: numpy_mha.MultiHeadAttention(D, H, n_kv_heads=2, **kw),
+    "torch-gqa": lambda **kw: torch_mha.MultiHeadAttention(D, H, n_kv_heads=2, **kw),
 }
 
 BAD_OPTIONS = [

@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from mha import masks
+from mha import diagnose_padding, masks
 from mha.numpy_mha import MultiHeadAttention
 from mha.torch_mha import MultiHeadAttention as TorchMHA
 from mha.tryit.padding_masks import check_decoder_mask
@@ -188,7 +188,7 @@ def test_real_tokens_equal_each_sequence_alone(rng, impl, causal):
     module = m if impl == "numpy" else TorchMHA.from_numpy(m, use_sdpa=impl == "sdpa")
     xs = x if impl == "numpy" else torch.from_numpy(x)
     msk = mask if impl == "numpy" else torch.from_numpy(mask)
-    assert "bit-identical" in masks.check_real_tokens(module, xs, LENGTHS, msk, causal=causal)
+    assert "bit-identical" in diagnose_padding.check_real_tokens(module, xs, LENGTHS, msk, causal=causal)
 
 
 def test_real_tokens_float32_within_stated_tolerance(rng):
@@ -197,10 +197,10 @@ def test_real_tokens_float32_within_stated_tolerance(rng):
     x = torch.from_numpy(rng.normal(size=(4, T, 16))).float()
     mask = masks.padding_mask(torch.tensor(LENGTHS), T)
     # the two runs add in a different order; the float32 gap is ~1e-7, far inside 1e-5
-    assert "atol 1e-05" in masks.check_real_tokens(tm, x, torch.tensor(LENGTHS), mask, causal=True)
+    assert "atol 1e-05" in diagnose_padding.check_real_tokens(tm, x, torch.tensor(LENGTHS), mask, causal=True)
     # a causal mask given with causal=False: the alone-runs are not causal, and the check says so
     with pytest.raises(AssertionError, match="a causal mask although causal=False"):
-        masks.check_real_tokens(tm, x, LENGTHS, masks.padding_mask(torch.tensor(LENGTHS), T, causal=True))
+        diagnose_padding.check_real_tokens(tm, x, LENGTHS, masks.padding_mask(torch.tensor(LENGTHS), T, causal=True))
 
 
 # ---- SDPA: boolean and float attn_mask ----------------------------------------------------------
@@ -338,7 +338,7 @@ def test_our_polarity_given_to_nn_mha_gives_nan_and_is_named(rng):
     # the opposite trap: nn.MultiheadAttention's key_padding_mask given to SDPA as (B, 1, 1, S)
     ignore = masks.to_torch_key_padding_mask(lengths, T)[:, None, None, :]  # True = padding
     with pytest.raises(AssertionError, match="polarity flipped"):
-        masks.check_padding(ignore, lengths)
+        diagnose_padding.check_padding(ignore, lengths)
 
 
 # ---- the loss over real tokens -----------------------------------------------------------------
@@ -473,14 +473,14 @@ CAUGHT = [  # (planted mistake, causal, words the message must contain)
 def test_check_padding_names_each_planted_mistake(name, causal, words, backend):
     wrong = as_backend(planted(name, causal), backend)
     with pytest.raises(AssertionError, match="padding mask wrong: .*" + re.escape(words)):
-        masks.check_padding(wrong, as_backend(L3, backend), causal=causal)
+        diagnose_padding.check_padding(wrong, as_backend(L3, backend), causal=causal)
 
 
 @pytest.mark.parametrize("name", ["queries_only", "off_by_one"])
 def test_with_causal_right_padding_the_key_side_is_redundant(name):
     """Causal + right padding: a real query's past keys are all real, so these masks are right."""
     assert np.array_equal(planted(name, causal=True), masks.padding_mask(L3, T, causal=True))
-    masks.check_padding(planted(name, causal=True), L3, causal=True)
+    diagnose_padding.check_padding(planted(name, causal=True), L3, causal=True)
 
 
 def test_the_try_it_check_agrees_the_key_term_is_redundant_under_causal():
@@ -498,19 +498,19 @@ def test_the_try_it_check_agrees_the_key_term_is_redundant_under_causal():
     lengths = np.array([5, 3, 1])
     for fn in (student("none"), student("<=")):
         assert check_decoder_mask(fn).startswith("right")
-        assert "right" in masks.check_padding(fn(lengths, 5), lengths, causal=True)
+        assert "right" in diagnose_padding.check_padding(fn(lengths, 5), lengths, causal=True)
 
 
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("causal", [False, True])
 def test_check_padding_passes_right_masks(backend, causal):
     lengths = as_backend(L3, backend)
-    assert "right" in masks.check_padding(masks.padding_mask(lengths, T, causal=causal), lengths, causal)
+    assert "right" in diagnose_padding.check_padding(masks.padding_mask(lengths, T, causal=causal), lengths, causal)
     keys_only = masks.padding_mask(lengths, T, causal=causal, queries=False)
-    assert "left free" in masks.check_padding(keys_only, lengths, causal, queries=False)
+    assert "left free" in diagnose_padding.check_padding(keys_only, lengths, causal, queries=False)
     per_head = masks.padding_mask(lengths, T, causal=causal).expand(-1, 4, -1, -1) \
         if backend == "torch" else np.broadcast_to(masks.padding_mask(lengths, T, causal=causal), (3, 4, T, T))
-    masks.check_padding(per_head, lengths, causal)  # (B, h, T, S) is fine too
+    diagnose_padding.check_padding(per_head, lengths, causal)  # (B, h, T, S) is fine too
 
 
 
@@ -523,17 +523,17 @@ def test_check_padding_names_an_off_by_one_on_the_query_side():
                   masks.key_padding_mask(L3, T)[:, None, None, :] & le[:, None, :, None] & tril):
         with pytest.raises(AssertionError, match="off by one on the query side: in sequence 1 "
                                                  r"\(length 2\), query 2, the first padded one"):
-            masks.check_padding(wrong, L3, causal=True)
+            diagnose_padding.check_padding(wrong, L3, causal=True)
     keys_only = masks.padding_mask(L3, T, causal=True, queries=False)  # every padded row open
     with pytest.raises(AssertionError, match="padded query rows are not masked"):
-        masks.check_padding(keys_only, L3, causal=True)
+        diagnose_padding.check_padding(keys_only, L3, causal=True)
 
 
 def test_a_3d_mask_is_right_for_our_modules_and_says_what_sdpa_needs(rng):
     right4 = masks.padding_mask(L3, T, causal=True)  # (B, 1, T, S)
-    said = masks.check_padding(right4[:, 0], L3, causal=True)  # (B, T, S)
+    said = diagnose_padding.check_padding(right4[:, 0], L3, causal=True)  # (B, T, S)
     assert "right" in said and "give it (B, 1, T, S): mask[:, None]" in said, said
-    assert "(B, T, S)" not in masks.check_padding(right4, L3, causal=True)
+    assert "(B, T, S)" not in diagnose_padding.check_padding(right4, L3, causal=True)
     m = _module(rng)
     x = rng.normal(size=(3, T, 16))
     np.testing.assert_array_equal(m(x, mask=right4[:, 0]), m(x, mask=right4))  # modules insert h
@@ -549,14 +549,14 @@ def test_a_3d_mask_is_right_for_our_modules_and_says_what_sdpa_needs(rng):
 def test_check_padding_cross_attention_and_per_head():
     q_len, kv_len = np.array([3, 1]), np.array([5, 2])
     right = masks.padding_mask(q_len, 4, S=6, kv_lengths=kv_len)
-    masks.check_padding(right, q_len, kv_lengths=kv_len)
+    diagnose_padding.check_padding(right, q_len, kv_lengths=kv_len)
     with pytest.raises(AssertionError, match="padded keys still attended"):
-        masks.check_padding(masks.padding_mask(q_len, 4, S=6, kv_lengths=np.array([5, 4])), q_len,
+        diagnose_padding.check_padding(masks.padding_mask(q_len, 4, S=6, kv_lengths=np.array([5, 4])), q_len,
                             kv_lengths=kv_len)
     heads = np.broadcast_to(right, (2, 3, 4, 6)).copy()
     heads[:, 2] = ~heads[:, 2]
     with pytest.raises(AssertionError, match="head 2: polarity flipped"):
-        masks.check_padding(heads, q_len, kv_lengths=kv_len)
+        diagnose_padding.check_padding(heads, q_len, kv_lengths=kv_len)
 
 
 REAL_TOKEN_CASES = [("queries_only", False, "padding applied to queries only"),
@@ -571,7 +571,7 @@ def test_check_real_tokens_fails_on_planted_masks_and_names_them(rng, name, caus
     m = _module(rng)
     x = rng.normal(size=(3, T, 16))
     with pytest.raises(AssertionError, match="real tokens changed by padding.*" + words):
-        masks.check_real_tokens(m, x, L3, planted(name, causal), causal=causal)
+        diagnose_padding.check_real_tokens(m, x, L3, planted(name, causal), causal=causal)
 
 
 def test_check_real_tokens_blames_the_module_when_the_mask_is_right(rng):
@@ -582,7 +582,7 @@ def test_check_real_tokens_blames_the_module_when_the_mask_is_right(rng):
         return m(x, causal=causal)
 
     with pytest.raises(AssertionError, match="the mask itself is right"):
-        masks.check_real_tokens(ignores_mask, x, L3, masks.padding_mask(L3, T))
+        diagnose_padding.check_real_tokens(ignores_mask, x, L3, masks.padding_mask(L3, T))
 
 
 def test_check_real_tokens_catches_a_tiny_leak_and_a_constant_module(rng):
@@ -593,13 +593,13 @@ def test_check_real_tokens_catches_a_tiny_leak_and_a_constant_module(rng):
         return m(x, causal=causal, mask=mask) + 1e-15 * x.sum(axis=1, keepdims=True)
 
     with pytest.raises(AssertionError, match="padded inputs leak into real outputs"):
-        masks.check_real_tokens(leaky, x, L3, masks.padding_mask(L3, T), atol=1e-12)
+        diagnose_padding.check_real_tokens(leaky, x, L3, masks.padding_mask(L3, T), atol=1e-12)
 
     def constant(x, causal=False, mask=None):
         return np.zeros_like(x)
 
     with pytest.raises(AssertionError, match="control case failed"):
-        masks.check_real_tokens(constant, x, L3, masks.padding_mask(L3, T))
+        diagnose_padding.check_real_tokens(constant, x, L3, masks.padding_mask(L3, T))
 
 
 # ---- on the GPU --------------------------------------------------------------------------------------
@@ -614,7 +614,7 @@ def test_cuda_masks_follow_the_lengths_device_and_keep_real_tokens(dtype):
     tm = TorchMHA.from_numpy(m, dtype=dtype, device="cuda")
     x = torch.from_numpy(np.random.default_rng(1).normal(size=(4, T, 16))).to("cuda", dtype)
     # float64 runs SDPA's math kernel, float16 a fused one; either way padding must not leak
-    assert "bit-identical" in masks.check_real_tokens(tm, x, lengths, masks.padding_mask(lengths, T),
+    assert "bit-identical" in diagnose_padding.check_real_tokens(tm, x, lengths, masks.padding_mask(lengths, T),
                                                       causal=True)
     if dtype == torch.float64:
         with torch.no_grad():

@@ -21,21 +21,20 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
-from mha import checks, masks, positions, steps
+from mha import checks, masks, numpy_attention, positions, steps, torch_attention
 from mha.bench import derived_tolerance
+from mha.diagnose_positions import ROPE_BUGS, check_relative
 from mha.kv_cache import KVCache, TorchKVCache
+from mha.masking import MaskSpec
 from mha.numpy_mha import MultiHeadAttention
 from mha.positions import (
-    ROPE_BUGS,
-    GroupedQueryAttention,
-    TorchGroupedQueryAttention,
     alibi_bias,
     alibi_slopes,
     attend,
-    check_relative,
     flex_attend,
+    flex_spec,
+    gqa_from_mha,
     gqa_param_count,
-    repeat_kv,
     rope,
     rope_scores,
     rope_tables,
@@ -359,8 +358,8 @@ def _mha(rng, d_model=24, n_heads=4, dtype=np.float64) -> MultiHeadAttention:
     return m
 
 
-def _gqa(rng, d_model=24, n_heads=4, n_kv_heads=2, dtype=np.float64) -> GroupedQueryAttention:
-    g = GroupedQueryAttention(d_model, n_heads, n_kv_heads, seed=3, dtype=dtype)
+def _gqa(rng, d_model=24, n_heads=4, n_kv_heads=2, dtype=np.float64) -> MultiHeadAttention:
+    g = MultiHeadAttention(d_model, n_heads, seed=3, dtype=dtype, n_kv_heads=n_kv_heads)
     g.bq, g.bo = (rng.normal(size=d_model).astype(dtype) for _ in range(2))
     g.bk, g.bv = (rng.normal(size=g.bk.shape).astype(dtype) for _ in range(2))
     return g
@@ -395,7 +394,7 @@ VARIANTS = [dict(), dict(rope=True), dict(alibi=True), dict(rope=True, alibi=Tru
 @pytest.mark.parametrize("causal", [False, True])
 def test_attend_numpy_equals_torch_and_an_independent_sdpa_reference(rng, kind, variant, causal):
     m = _mha(rng) if kind == "mha" else _gqa(rng, n_kv_heads=2 if kind == "gqa" else 1)
-    tm = TorchMHA.from_numpy(m) if kind == "mha" else TorchGroupedQueryAttention.from_numpy(m)
+    tm = TorchMHA.from_numpy(m)
     x = rng.normal(size=(2, 7, 24))
     out = attend(m, x, causal=causal, **variant)
     with torch.no_grad():
@@ -465,12 +464,12 @@ def test_attend_float32_within_a_derived_tolerance(rng):
 def test_gqa_with_as_many_kv_heads_as_heads_is_multi_head_attention(rng):
     x = rng.normal(size=(2, 6, 24))
     mask = masks.padding_mask(np.array([6, 4]), 6, causal=True)
-    g, m = GroupedQueryAttention(24, 4, 4, seed=5), MultiHeadAttention(24, 4, seed=5)
+    g, m = MultiHeadAttention(24, 4, seed=5, n_kv_heads=4), MultiHeadAttention(24, 4, seed=5)
     for a, b in zip(g.parameters(), m.parameters(), strict=True):
         np.testing.assert_array_equal(a, b)  # same draws, same order
     np.testing.assert_array_equal(g(x, mask=mask), m(x, mask=mask))
-    tg, tm = TorchGroupedQueryAttention(24, 4, 4, seed=5, dtype=torch.float64), TorchMHA(24, 4, seed=5,
-                                                                                         dtype=torch.float64)
+    tg = TorchMHA(24, 4, seed=5, dtype=torch.float64, n_kv_heads=4)
+    tm = TorchMHA(24, 4, seed=5, dtype=torch.float64)
     xt = torch.from_numpy(x)
     with torch.no_grad():
         np.testing.assert_allclose(tg(xt, causal=True).numpy(), tm(xt, causal=True).numpy(), atol=1e-12)
@@ -486,7 +485,7 @@ def test_gqa_equals_sdpa_enable_gqa_and_explicitly_repeated_heads(rng, n_kv):
     xt = torch.from_numpy(x)
     with torch.no_grad():
         for use_enable_gqa in (True, False):
-            tg = TorchGroupedQueryAttention.from_numpy(g, use_enable_gqa=use_enable_gqa)
+            tg = TorchMHA.from_numpy(g, use_enable_gqa=use_enable_gqa)
             np.testing.assert_allclose(tg(xt, causal=True).numpy(), ref, rtol=0, atol=1e-12)
         # SDPA's enable_gqa on the unrepeated heads, called directly
         q = torch.from_numpy(steps.split_heads(steps.linear(x, g.Wq, g.bq), 8))
@@ -499,21 +498,22 @@ def test_gqa_equals_sdpa_enable_gqa_and_explicitly_repeated_heads(rng, n_kv):
 
 def test_repeat_kv_numpy_equals_repeat_interleave_and_groups_heads_in_order(rng):
     k = rng.normal(size=(2, 3, 4, 5))  # (B, h_kv, S, d_k)
-    r = repeat_kv(k, 4)
+    r = numpy_attention.repeat_kv(k, 4)
     assert r.shape == (2, 12, 4, 5)
     for j in range(12):
         np.testing.assert_array_equal(r[:, j], k[:, j // 4])  # query head j reads kv head j // g
-    np.testing.assert_array_equal(repeat_kv(torch.from_numpy(k), 4).numpy(), r)
-    assert repeat_kv(k, 1) is k
+    np.testing.assert_array_equal(torch_attention.repeat_kv(torch.from_numpy(k), 4).numpy(), r)
+    np.testing.assert_array_equal(torch.from_numpy(k).repeat_interleave(4, dim=1).numpy(), r)
+    assert numpy_attention.repeat_kv(k, 1) is k
 
 
 @pytest.mark.parametrize(("d_model", "h", "h_kv"), [(24, 4, 4), (24, 4, 2), (24, 4, 1), (64, 8, 2),
                                                    (48, 12, 3)])
 def test_parameter_count_formula(d_model, h, h_kv):
-    g = GroupedQueryAttention(d_model, h, h_kv)
+    g = MultiHeadAttention(d_model, h, n_kv_heads=h_kv)
     want = gqa_param_count(d_model, h, h_kv)
     assert g.num_parameters() == want
-    assert sum(p.numel() for p in TorchGroupedQueryAttention(d_model, h, h_kv).parameters()) == want
+    assert sum(p.numel() for p in TorchMHA(d_model, h, n_kv_heads=h_kv).parameters()) == want
     if h_kv == h:
         assert want == checks.expected_param_count(d_model) == MultiHeadAttention(d_model, h).num_parameters()
 
@@ -521,10 +521,10 @@ def test_parameter_count_formula(d_model, h, h_kv):
 @pytest.mark.parametrize("h_kv", [1, 2, 4, 8])
 def test_kv_cache_bytes_shrink_by_the_group_size(h_kv):
     m = MultiHeadAttention(64, 8, dtype=np.float32)
-    g = GroupedQueryAttention(64, 8, h_kv, dtype=np.float32)
+    g = MultiHeadAttention(64, 8, dtype=np.float32, n_kv_heads=h_kv)
     mha_bytes = KVCache.for_module(m, 2, 100).nbytes
     assert g.new_cache(2, 100).nbytes * (8 // h_kv) == mha_bytes == 2 * 2 * 8 * 100 * 8 * 4
-    tg = TorchGroupedQueryAttention(64, 8, h_kv)
+    tg = TorchMHA(64, 8, n_kv_heads=h_kv)
     assert tg.new_cache(2, 100).nbytes == g.new_cache(2, 100).nbytes
     assert isinstance(tg.new_cache(2, 100), TorchKVCache)
 
@@ -537,16 +537,16 @@ def test_kv_cache_bytes_shrink_by_the_group_size(h_kv):
     (4, 2.0, TypeError, "n_kv_heads must be an int"),
 ])
 def test_gqa_rejects_bad_kv_heads(h, h_kv, error, words):
-    for cls in (GroupedQueryAttention, TorchGroupedQueryAttention):
+    for cls in (MultiHeadAttention, TorchMHA):
         with pytest.raises(error) as info:
-            cls(24, h, h_kv)
+            cls(24, h, n_kv_heads=h_kv)
         assert words in str(info.value)
     with pytest.raises(error):
         gqa_param_count(24, h, h_kv)
 
 
 def test_gqa_checks_inputs_like_mha(rng):
-    g = GroupedQueryAttention(24, 4, 2)
+    g = MultiHeadAttention(24, 4, n_kv_heads=2)
     with pytest.raises(ValueError, match=r"x must be \(B, T, d_model=24\), got \(2, 5, 16\)"):
         g(rng.normal(size=(2, 5, 16)))
     with pytest.raises(TypeError, match="must be float64 to match the weights"):
@@ -556,7 +556,7 @@ def test_gqa_checks_inputs_like_mha(rng):
 def test_from_mha_mean_pools_and_is_exact_when_the_group_shares_keys(rng):
     m = _mha(rng, 24, 4)
     x0 = rng.normal(size=(1, 3, 24))
-    np.testing.assert_array_equal(GroupedQueryAttention.from_mha(m, 4)(x0), m(x0))  # groups of one
+    np.testing.assert_array_equal(gqa_from_mha(m, 4)(x0), m(x0))  # groups of one
     # give heads 0-1 and 2-3 the same key/value weights: pooling them into 2 kv heads loses nothing
     for name in ("Wk", "Wv"):
         W = getattr(m, name).reshape(24, 2, 2, 6)
@@ -565,9 +565,29 @@ def test_from_mha_mean_pools_and_is_exact_when_the_group_shares_keys(rng):
         b = getattr(m, name).reshape(2, 2, 6)
         b[:, 1] = b[:, 0]
     x = rng.normal(size=(2, 5, 24))
-    g = GroupedQueryAttention.from_mha(m, 2)
+    g = gqa_from_mha(m, 2)
+    assert isinstance(g, MultiHeadAttention) and g.n_kv_heads == 2
     np.testing.assert_allclose(g(x, causal=True), m(x, causal=True), rtol=0, atol=1e-12)
     np.testing.assert_allclose(g.Wk, m.Wk.reshape(24, 2, 2, 6)[:, :, 0].reshape(24, 12), atol=0)
+    tg = gqa_from_mha(TorchMHA.from_numpy(m), 2)  # torch in, torch out: the same pooling
+    assert isinstance(tg, TorchMHA) and tg.n_kv_heads == 2 and tg.dtype == torch.float64
+    with torch.no_grad():
+        np.testing.assert_allclose(tg(torch.from_numpy(x), causal=True).numpy(), g(x, causal=True),
+                                   rtol=0, atol=1e-12)
+
+
+def test_from_mha_pools_by_the_mean_of_each_group(rng):
+    m = _mha(rng, 24, 4)
+    g = gqa_from_mha(m, 2)
+    for name in ("Wk", "Wv"):  # (d, h_kv, g, d_k): heads 2j, 2j+1 -> kv head j
+        grouped = getattr(m, name).reshape(24, 2, 2, 6)
+        want = ((grouped[:, :, 0] + grouped[:, :, 1]) / 2).reshape(24, 12)
+        np.testing.assert_allclose(getattr(g, name), want, rtol=0, atol=1e-15)
+    np.testing.assert_array_equal(g.Wq, m.Wq)
+    with pytest.raises(ValueError, match="must be plain multi-head attention"):
+        gqa_from_mha(g, 1)
+    with pytest.raises(TypeError, match="numpy or torch MultiHeadAttention"):
+        gqa_from_mha(object(), 2)
 
 
 # ---- sliding window (+ padding) --------------------------------------------------------------------
@@ -627,23 +647,24 @@ def test_window_must_be_positive(window):
     with pytest.raises(ValueError, match=f"window must be >= 1, got {window}"):
         masks.sliding_window_mask(6, window)
     with pytest.raises(ValueError, match=f"window must be >= 1, got {window}"):
-        positions.sliding_window_mod(window)
+        MaskSpec.plain(6, causal=True, window=window)
 
 
 # ---- FlexAttention -------------------------------------------------------------------------------
 def test_mask_mods_equal_the_boolean_masks():
     lengths = torch.tensor([6, 2, 4])
     cases = [
-        (positions.causal_mod, None, 6, 6, steps.causal_mask(6)),
-        (positions.sliding_window_mod(3), None, 6, 6, masks.sliding_window_mask(6, 3)),
-        (positions.sliding_window_mod(2, offset=4), None, 3, 7, masks.sliding_window_mask(3, 2, 7, 4)),
-        (positions.padding_mod(lengths), 3, 6, 6, masks.padding_mask(lengths.numpy(), 6)[:, 0]),
+        (flex_spec(6, causal=True), None, 6, 6, steps.causal_mask(6)),
+        (flex_spec(6, window=3), None, 6, 6, masks.sliding_window_mask(6, 3)),
+        (MaskSpec(4 + torch.arange(3), torch.arange(7), causal=True, window=2), None, 3, 7,
+         masks.sliding_window_mask(3, 2, 7, 4)),
+        (flex_spec(6, lengths=lengths), 3, 6, 6, masks.padding_mask(lengths.numpy(), 6)[:, 0]),
     ]
-    for mod, B, T, S, want in cases:
-        got = create_mask(mod, B, None, T, S, device="cpu")  # (B|1, 1, T, S)
+    for spec, B, T, S, want in cases:
+        got = create_mask(spec.mask_mod(), B, None, T, S, device="cpu")  # (B|1, 1, T, S)
         np.testing.assert_array_equal(got[:, 0].numpy().squeeze(0) if B is None else got[:, 0].numpy(), want)
     with pytest.raises(TypeError, match="lengths must be a torch tensor"):
-        positions.padding_mod(np.array([3]))
+        flex_spec(6, lengths=np.array([3]))
 
 
 FLEX_CASES = [
@@ -660,7 +681,7 @@ FLEX_CASES = [
 @pytest.mark.parametrize("case", FLEX_CASES, ids=lambda c: "+".join(c))
 def test_flex_attention_equals_numpy_attend_float64(rng, kind, case):
     m = _mha(rng) if kind == "mha" else _gqa(rng)
-    tm = TorchMHA.from_numpy(m) if kind == "mha" else TorchGroupedQueryAttention.from_numpy(m)
+    tm = TorchMHA.from_numpy(m)
     x = rng.normal(size=(2, 7, 24))
     allowed = None
     if case.get("causal"):
@@ -711,7 +732,7 @@ CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA: a G
 @pytest.mark.parametrize("kind", ["mha", "gqa"])
 def test_cuda_torch_attend_equals_numpy_float64(rng, kind):
     m = _mha(rng) if kind == "mha" else _gqa(rng)
-    tm = (TorchMHA.from_numpy(m) if kind == "mha" else TorchGroupedQueryAttention.from_numpy(m)).cuda()
+    tm = (TorchMHA.from_numpy(m)).cuda()
     x = rng.normal(size=(2, 9, 24))
     allowed = masks.combine(masks.padding_mask(np.array([9, 6]), 9), masks.sliding_window_mask(9, 4))
     want = attend(m, x, mask=allowed, rope=True, alibi=True)
@@ -747,8 +768,8 @@ def test_cuda_compiled_flex_attention_matches_and_trains():
     lp = [a.float().cuda().requires_grad_() for a in (q64, k64, v64)]
     lp_ref = sdpa(*lp, bias.float().cuda())  # float32 SDPA on the GPU: the error scale
     _, allowed_err = derived_tolerance(golden, lp_ref, torch.float32)
-    block_mask = positions.flex_block_mask(B, h, T, T, causal=True, window=48, lengths=lengths.cuda(),
-                                           device="cuda")
+    spec = flex_spec(T, T, causal=True, window=48, lengths=lengths.cuda(), device="cuda")
+    block_mask = spec.block_mask(B, h, T, T, "cuda")
     ours = [a.float().cuda().requires_grad_() for a in (q64, k64, v64)]
     out = torch.compile(flex_attention)(*ours, score_mod=positions.alibi_score_mod(h, device="cuda"),
                                         block_mask=block_mask, enable_gqa=True)

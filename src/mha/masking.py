@@ -187,17 +187,15 @@ class MaskSpec:
         queries=False leaves padded query rows reading the real keys (their output is garbage a
         loss must ignore); queries=True gives them document -1, so they read nothing.
         """
-        from .masks import check_lengths  # masks lowers to this module
+        from .masks import key_padding_mask, query_padding_mask  # masks lowers to this module
 
         T = require_int("T", T, minimum=0)
         S = T if S is None else require_int("S", S, minimum=0)
         kv = lengths if kv_lengths is None else kv_lengths
-        kv = check_lengths(kv, S)
-        lengths = check_lengths(lengths, T, B=shape_of(kv)[0])
-        k_real = _arange(S, kv)[None, :] < kv[:, None]  # (B, S)
-        q_real = _arange(T, lengths)[None, :] < lengths[:, None]  # (B, T)
+        k_real = key_padding_mask(kv, S)  # (B, S): key s < kv_lengths[b]
+        q_real = query_padding_mask(lengths, T, B=shape_of(k_real)[0])  # (B, T)
         q_doc = _where(q_real, 0, -1) if queries else 0 * q_real  # (B, T): -1 = a pad query
-        return cls(_arange(T, lengths), _arange(S, kv), causal=causal,
+        return cls(_arange(T, q_real), _arange(S, k_real), causal=causal,
                    q_doc=q_doc, k_doc=_where(k_real, 0, -1))  # (B, S): -1 = a pad key
 
     @classmethod
@@ -300,8 +298,18 @@ class MaskSpec:
         return q0 is not None and q0 == k0  # k0 + s <= q0 + t  <=>  s <= t
 
     # ---- lowering 1: a dense boolean mask ------------------------------------------------------------
-    def dense(self) -> Any:
-        """Bool (B|1, h|1, T, S), True = may attend; None when every key is allowed."""
+    def dense(self, full: bool = False) -> Any:
+        """Bool (B|1, h|1, T, S), True = may attend; None when every key is allowed.
+
+        full=True: never None, and materialised as (B, H, T, S) (the spec's own B and H).
+        """
+        if full:
+            out = self.dense()
+            shape = (self.B, self.H, self.T, self.S)
+            if out is None:
+                return (torch.ones(shape, dtype=torch.bool, device=self.q_pos.device)
+                        if self.is_torch else np.ones(shape, dtype=bool))
+            return out.expand(shape).clone() if self.is_torch else np.broadcast_to(out, shape).copy()
         if self.all_allowed():
             return None
         qp, kp = _pair(self.q_pos, self.k_pos)  # (.., T, 1), (.., 1, S)
