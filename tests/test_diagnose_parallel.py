@@ -20,7 +20,7 @@ import math
 import pytest
 import torch
 
-from mha import diagnose, parallel
+from mha import diagnose, parallel, torch_attention
 from mha import diagnose_parallel as dp
 
 
@@ -41,7 +41,7 @@ def merge_by_max(out_a, lse_a, out_b, lse_b):
     return out, m + torch.log(total)
 
 
-@pytest.mark.parametrize("fn", [merge_shifted, merge_by_max, parallel.merge_partials])
+@pytest.mark.parametrize("fn", [merge_shifted, merge_by_max, torch_attention.merge_partials])
 def test_correct_merges_pass(fn):
     d = dp.merge_diagnosis(fn)
     assert d.ok, d.message

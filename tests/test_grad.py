@@ -25,8 +25,8 @@ import torch
 from mha import grad, masks, planted, steps
 from mha.diagnose_backward import STEPS, backward_cases, default_module, step_cases
 from mha.numpy_mha import MultiHeadAttention
+from mha.torch_attention import safe_softmax
 from mha.torch_mha import merge_heads as torch_merge_heads
-from mha.torch_mha import safe_softmax
 from mha.torch_mha import split_heads as torch_split_heads
 from tests.reference import autograd_grads
 

@@ -5,13 +5,8 @@ import torch
 import torch.nn.functional as F
 
 from mha import parallel
-from mha.torch_mha import (
-    MultiHeadAttention,
-    compute_dtype,
-    manual_attention,
-    masked_scores,
-    safe_softmax,
-)
+from mha.torch_attention import compute_dtype, manual_attention, masked_scores, safe_softmax
+from mha.torch_mha import MultiHeadAttention
 
 
 def _qkv(dtype, T=128, seed=11, scale=1.0):

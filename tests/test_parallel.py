@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, numpy_attention, parallel
+from mha import bench, numpy_attention, parallel, torch_attention
 
 
 def _qkv(B=2, h=4, T=16, d_k=8, dtype=torch.float64, seed=0):
@@ -63,9 +63,9 @@ def test_zigzag_balances_the_causal_work_and_contiguous_does_not():
 
 def test_merge_equals_the_numpy_merge_and_a_plain_average_does_not():
     q, k, v = _qkv(T=8)
-    a = parallel.attention_lse(q, k[:, :, :3], v[:, :, :3])
-    b = parallel.attention_lse(q, k[:, :, 3:], v[:, :, 3:])
-    out, lse = parallel.merge_partials(*a, *b)
+    a = torch_attention.attention_lse(q, k[:, :, :3], v[:, :, :3])
+    b = torch_attention.attention_lse(q, k[:, :, 3:], v[:, :, 3:])
+    out, lse = torch_attention.merge_partials(*a, *b)
     assert float((out - _reference(q, k, v, False)).abs().max()) < 1e-12
     np_out, np_lse = numpy_attention.merge_partials(*(t.numpy() for t in (*a, *b)))
     assert np.abs(out.numpy() - np_out).max() < 1e-14 and np.abs(lse.numpy() - np_lse).max() < 1e-14
@@ -75,11 +75,11 @@ def test_merge_equals_the_numpy_merge_and_a_plain_average_does_not():
 
 def test_an_empty_side_counts_for_nothing():
     q, k, v = _qkv(T=4)
-    o, o_lse = parallel.attention_lse(q, k, v)
+    o, o_lse = torch_attention.attention_lse(q, k, v)
     empty = (torch.zeros_like(o), torch.full_like(o_lse, float("-inf")))
-    out, lse = parallel.merge_partials(*empty, o, o_lse)
+    out, lse = torch_attention.merge_partials(*empty, o, o_lse)
     assert torch.equal(out, o) and torch.equal(lse, o_lse)
-    out, lse = parallel.merge_partials(*empty, *empty)
+    out, lse = torch_attention.merge_partials(*empty, *empty)
     assert torch.equal(out, torch.zeros_like(o)) and bool(torch.isneginf(lse).all())
 
 
@@ -96,7 +96,7 @@ def test_bad_splits_are_refused_before_any_work():
     with pytest.raises(ValueError, match="world_size must be a whole number >= 1"):
         parallel.ring_attention(q, k, v, 0)
     with pytest.raises(ValueError, match="expected out_a, out_b of one shape"):
-        parallel.merge_partials(q, q[..., 0], q[:, :1], q[..., 0])
+        torch_attention.merge_partials(q, q[..., 0], q[:, :1], q[..., 0])
 
 
 def test_shard_and_unshard_are_inverses_for_both_layouts():
@@ -199,7 +199,7 @@ def test_a_backward_from_each_blocks_own_logsumexp_is_caught():
     right = parallel.block_backward
 
     def local_lse(q, k, v, lse, dout, delta, allowed=None, bias=None):
-        _, own = parallel.attention_lse(q, k, v, allowed, bias)  # this block's lse only
+        _, own = torch_attention.attention_lse(q, k, v, allowed, bias)  # this block's lse only
         return right(q, k, v, own, dout, delta, allowed, bias)
 
     planted = parallel.ring_backward(q, k, v, dout, 4, "contiguous", True, block_grads=local_lse)
@@ -227,7 +227,8 @@ def test_a_core_forward_refuses_what_it_cannot_split():
 
 def test_a_core_forward_on_one_rank_is_the_module_itself():
     """The core= path with a core that attends locally gives the ordinary forward (every option)."""
-    from mha.torch_mha import MultiHeadAttention, attention_lse
+    from mha.torch_attention import attention_lse
+    from mha.torch_mha import MultiHeadAttention
 
     def local(q, k, v, q_pos, k_pos, rule):
         allowed, bias = rule(q_pos, k_pos)
@@ -356,7 +357,7 @@ def test_simulated_ring_on_the_gpu_equals_the_cpu():
 
 def test_each_rank_peaks_at_a_few_of_its_own_score_matrices_not_the_whole_one():
     """Measured per rank (torch's profiler): ring ~ (T/W)^2 scores per head, Ulysses ~ T^2 of h/W heads."""
-    from mha.torch_mha import attention, causal_mask
+    from mha.torch_attention import attention, causal_mask
 
     q, k, v = _qkv(B=1, h=4, T=512, d_k=16, dtype=torch.float32, seed=16)
     with torch.no_grad():

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from mha import launch, parallel
+from mha import launch, parallel, torch_attention
 from mha.torch_mha import MultiHeadAttention
 
 
@@ -123,7 +123,7 @@ OTHER_SLIPS = [
     (lambda: parallel.ring_backward_bytes(-1, 4, 16, 2, 8, 8), ValueError, r"B must be >= 1, got -1"),
     (lambda: parallel.ring_backward_bytes(2, 4, 16, 2, 8, 2, grad_itemsize=0), ValueError,
      r"grad_itemsize must be >= 1, got 0"),
-    (lambda: parallel.merge_partials(Q.numpy(), Q[..., 0], Q, Q[..., 0]), TypeError, r"out_a must be a torch.Tensor"),
+    (lambda: torch_attention.merge_partials(Q.numpy(), Q[..., 0], Q, Q[..., 0]), TypeError, r"out_a must be a torch.Tensor"),
     (lambda: next(parallel.ring_rank(Q, K, V, torch.arange(8), 2)), ValueError,
      r"pos must be the rank's global positions, an int tensor of shape \(T_r=16,\), got \(8,\)"),
     (lambda: next(parallel.ring_rank(Q, K, V, torch.arange(16.0), 2)), ValueError, r"pos must be .*int tensor"),

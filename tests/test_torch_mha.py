@@ -11,11 +11,10 @@ from torch import nn
 
 from mha import checks
 from mha.numpy_mha import MultiHeadAttention as NumpyMHA
+from mha.torch_attention import causal_mask, safe_softmax
 from mha.torch_mha import (
     MultiHeadAttention,
     capture_attention,
-    causal_mask,
-    safe_softmax,
     torch_mha_forward,
     torch_mha_mask,
 )

@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 
 from mha import checks
 from mha.bench import FUDGE, derived_tolerance
-from mha.torch_mha import MultiHeadAttention, causal_mask, torch_mha_forward
+from mha.torch_attention import causal_mask
+from mha.torch_mha import MultiHeadAttention, torch_mha_forward
 from tests.reference import attention_loops
 
 IMPLS = ["numpy", "sdpa", "manual", "sdpa_fused", "manual_fused", "nn_mha"]

@@ -20,7 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import bench, flash, triton_flash
-from mha.torch_mha import manual_attention
+from mha.torch_attention import manual_attention
 
 pytestmark = pytest.mark.skipif(not triton_flash.available(),
                                 reason="triton is a test requirement (requirements-dev.txt)")

@@ -25,7 +25,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from . import hardware, numpy_attention, steps
-from .torch_mha import causal_mask, manual_attention
+from .torch_attention import causal_mask, manual_attention
 
 BACKENDS: dict[str, SDPBackend] = {
     "math": SDPBackend.MATH,

@@ -3,7 +3,7 @@
 When one sequence no longer fits one device, its T tokens are split over W ranks:
 - **Ring attention** keeps each rank's queries and passes the key/value blocks round a ring,
   one step per rank; each rank merges the partial results with the logsumexp merge of
-  12_flash_attention.ipynb (`merge_partials`: from each part's output o and logsumexp L,
+  12_flash_attention.ipynb (`torch_attention.merge_partials`: from each part's output o and logsumexp L,
   L = logaddexp(L_A, L_B) and o = exp(L_A - L) o_A + exp(L_B - L) o_B), so the answer is exact.
 - **Ulysses** trades the sequence split for a head split with one all-to-all: each rank then
   holds every token of h / W heads, runs the ordinary core, and a second all-to-all trades back.
@@ -11,7 +11,7 @@ When one sequence no longer fits one device, its T tokens are split over W ranks
 Each rank's algorithm is written once, as a two-way generator: `got = yield sent` hands `sent`
 to whoever drives it and resumes with what they pass to `send()` (`ring_rank`, `ulysses_rank`). `simulate` drives W of them in one process, with
 ranks as list entries; `mha.launch` drives one per process over torch.distributed. The block
-attention is the torch core's manual path with its logsumexp (`torch_mha.attention_lse`).
+attention is the torch core's manual path with its logsumexp (`torch_attention.attention_lse`).
 
 Layouts: "contiguous" gives rank r tokens [r T/W, (r+1) T/W); "zigzag" cuts T into 2W chunks
 and gives rank r chunks r and 2W-1-r. A rank scores only the part of a block its mask lets it
@@ -29,15 +29,16 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from .torch_mha import (
-    MultiHeadAttention,
+from .torch_attention import (
     attention,
     attention_lse,
     compute_dtype,
     masked_scores,
+    merge_partials,
     repeat_kv,
     upcast,
 )
+from .torch_mha import MultiHeadAttention
 from .validate import require_int, require_shape, require_tensor
 
 LAYOUTS = ("contiguous", "zigzag")
@@ -135,26 +136,6 @@ def _check_dim(dim: Any, ndim: int, name: str) -> int:
     if isinstance(dim, bool) or not isinstance(dim, int) or not -ndim <= dim < ndim:
         raise ValueError(f"dim must be an axis of {name}, an int in [-{ndim}, {ndim}), got {dim!r}")
     return dim % ndim
-
-
-def merge_partials(out_a: torch.Tensor, lse_a: torch.Tensor, out_b: torch.Tensor,
-                   lse_b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Attention over keys A and B from each side's normalised (out (..., T, d), lse (..., T)).
-
-    The torch twin of `mha.flash.merge_partials`: out = share_a * out_a + share_b * out_b with
-    share = exp(lse_side - lse), lse = logaddexp(lse_a, lse_b); a side with lse -inf counts 0.
-    """
-    for name, t in (("out_a", out_a), ("lse_a", lse_a), ("out_b", out_b), ("lse_b", lse_b)):
-        _require_tensor(name, t, "(..., T, d)" if name.startswith("out") else "(..., T)")
-    if out_a.shape != out_b.shape or lse_a.shape != out_a.shape[:-1] or lse_b.shape != lse_a.shape:
-        raise ValueError(f"expected out_a, out_b of one shape (..., T, d) and lse_a, lse_b of shape "
-                         f"(..., T), got {tuple(out_a.shape)}, {tuple(out_b.shape)}, "
-                         f"{tuple(lse_a.shape)}, {tuple(lse_b.shape)}")
-    lse = torch.logaddexp(lse_a, lse_b)  # (..., T)
-    base = torch.where(torch.isfinite(lse), lse, torch.zeros_like(lse))  # both empty: shares 0
-    share_a = torch.exp(lse_a - base)[..., None]  # (..., T, 1): A's part of the softmax mass
-    share_b = torch.exp(lse_b - base)[..., None]  # (..., T, 1)
-    return share_a * out_a + share_b * out_b, lse
 
 
 def block_mask(q_pos: torch.Tensor, k_pos: torch.Tensor, causal: bool) -> torch.Tensor | None:

@@ -9,9 +9,11 @@ the seven steps map one to one (see 09_pytorch_port.ipynb):
 
     1) project            nn.Linear (or one fused Linear + split); k, v to n_kv_heads heads
     2) split heads        .view(B, T, h, d_k).transpose(1, 2)
-    3-6) attention core   `attention(q, k, v, mask, bias, backend)`: F.scaled_dot_product_attention
-                          ("sdpa"), the manual path ("manual": scores, mask, safe softmax,
-                          weights @ v; keeps .attn) or FlexAttention ("flex")
+    3-6) attention core   `torch_attention.attention(q, k, v, spec, bias, backend=...)` on a
+                          named backend: "sdpa" (F.scaled_dot_product_attention), "manual"
+                          (scores, mask, safe softmax, weights @ v; keeps .attn), "flex"
+                          (FlexAttention) or "triton" (lesson 12's kernel); the mask goes in
+                          as one `masking.MaskSpec` that each backend lowers its own way
     7) merge heads        .transpose(1, 2).reshape(B, T, d_model), then out_proj
 
 The options (n_kv_heads, rope, alibi, window) and the forward's positions and cache are the
@@ -30,7 +32,6 @@ Two layout facts to remember:
 from __future__ import annotations
 
 import contextlib
-import math
 import sys
 from collections.abc import Iterator
 
@@ -39,10 +40,12 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from . import compose, ledger, numpy_mha
+from . import compose, ledger, numpy_mha, torch_attention
+from .backends import Call
 from .convert import WeightConversion
 from .kv_cache import TorchKVCache
 from .ledger import LedgerRow
+from .posenc import alibi_slopes
 from .validate import (
     mask_shape,
     require_bool,
@@ -50,172 +53,7 @@ from .validate import (
     require_heads,
     require_int,
     require_query_and_context,
-    require_shape,
 )
-
-_TORCH_TO_NUMPY = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
-
-
-def causal_mask(T: int, S: int | None = None, device=None) -> torch.Tensor:
-    """Boolean (T, S) tensor, True where query t may attend to key s <= t (top-left aligned)."""
-    S = T if S is None else S
-    return torch.ones(T, S, dtype=torch.bool, device=device).tril()  # (T, S)
-
-
-def safe_softmax(scores: torch.Tensor) -> torch.Tensor:
-    """Softmax over the last axis that turns an all -inf row into zeros, like mha.steps.softmax."""
-    row_max = scores.amax(dim=-1, keepdim=True)  # (..., 1)
-    # A fully masked row has max -inf; subtracting it would give -inf - -inf = NaN.
-    row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
-    e = torch.exp(scores - row_max)  # masked scores give exp(-inf) = exactly 0
-    total = e.sum(dim=-1, keepdim=True)  # (..., 1)
-    # total is 0 only for a fully masked row, whose e is all zeros: divide by 1 there, so the
-    # row stays 0 and no 0/0 appears (torch.where would still back-propagate NaN through it).
-    return e / torch.where(total > 0, total, torch.ones_like(total))
-
-
-def repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    """(B, h_kv, S, d_k) -> (B, h_kv * n_rep, S, d_k), each head n_rep times in a row (numpy twin's order)."""
-    n_rep = require_int("n_rep", n_rep)
-    require_shape("x", x, (("B", None), ("h_kv", None), ("S", None), ("d_k", None)))
-    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=1)  # (B, h_kv * n_rep, S, d_k)
-
-
-def masked_scores(q: torch.Tensor, k: torch.Tensor, allowed: torch.Tensor | None = None,
-                  bias: torch.Tensor | None = None) -> torch.Tensor:
-    """Steps 3-4: q (B,h,T,d_k), k (B,h,S,d_k) -> scaled scores (B,h,T,S), plus bias, -inf where masked."""
-    d_k = q.shape[-1]
-    # 3) scores; math.sqrt keeps the dtype (a tensor sqrt would too, but this matches numpy)
-    scores = q @ k.transpose(-2, -1) / math.sqrt(d_k)  # (B,h,T,d_k) @ (B,h,d_k,S) -> (B,h,T,S)
-    if bias is not None:
-        scores = scores + bias  # ALiBi or any additive bias, after scaling (as SDPA adds attn_mask)
-    # 4) mask with -inf before softmax, so masked keys get weight exactly 0
-    if allowed is not None:
-        scores = scores.masked_fill(~allowed, float("-inf"))  # (B, h, T, S)
-    return scores
-
-
-LOW_PRECISION = (torch.float16, torch.bfloat16)
-"""Input dtypes the manual path computes in float32 (`compute_dtype`)."""
-
-
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The dtype steps 3-6 of the manual path run in: float32 for float16 / bfloat16, else dtype.
-
-    Mixed precision as the fused kernels do it: the scores, the softmax and the weighted sum
-    accumulate in float32, and only the results are rounded back to the input's dtype. A
-    bfloat16 softmax would round every score to 8 significant bits first (and float16's scores
-    overflow past 65504). The numpy twin does the same for float16 (`numpy_mha.compute_dtype`).
-    """
-    return torch.float32 if dtype in LOW_PRECISION else dtype
-
-
-def upcast(*tensors: torch.Tensor | None) -> list[torch.Tensor | None]:
-    """Each tensor in the dtype the manual path computes in (None stays None)."""
-    return [None if t is None or not t.is_floating_point() else t.to(compute_dtype(t.dtype))
-            for t in tensors]
-
-
-def manual_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
-                     ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 3-6 written out: q (B,h,T,d_k), k, v (B,h,S,d_k) -> (out (B,h,T,d_k), weights (B,h,T,S)).
-
-    float16 / bfloat16 inputs are computed in float32 and both results rounded back once.
-    """
-    dtype = q.dtype
-    q, k, v, bias = upcast(q, k, v, bias)
-    weights = safe_softmax(masked_scores(q, k, allowed, bias))  # 5) (B, h, T, S), rows sum to 1 (or 0)
-    out = weights @ v  # 6) (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k)
-    return out.to(dtype), weights.to(dtype)
-
-
-def attention_lse(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                  allowed: torch.Tensor | None = None, bias: torch.Tensor | None = None
-                  ) -> tuple[torch.Tensor, torch.Tensor]:
-    """The manual core on one block of keys, with each row's logsumexp: -> (out (B,h,T,d_k), lse (B,h,T)).
-
-    out is normalised over this block only; lse = log sum_s exp(score_s) is what merging blocks
-    needs (`mha.parallel.merge_partials`). A row with no allowed key gives out 0 and lse -inf.
-    Both come in `compute_dtype` (float32 for float16 / bfloat16 inputs): they are partial
-    results, to be merged first and rounded once at the end, as FlashAttention keeps its lse.
-    """
-    q, k, v, bias = upcast(q, k, v, bias)  # float16 / bfloat16: float32, as manual_attention
-    scores = masked_scores(q, k, allowed, bias)  # (B, h, T, S)
-    out = safe_softmax(scores) @ v  # (B,h,T,S) @ (B,h,S,d_k) -> (B,h,T,d_k), as manual_attention
-    return out, torch.logsumexp(scores, dim=-1)  # (B, h, T): -inf where every key is masked
-
-
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None, bias=None,
-                   is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
-    """Steps 3-6 in one fused call: q (B, h, T, d_k), k, v (B, h|h_kv, S, d_k) -> (B, h, T, d_k).
-
-    A boolean mask goes in as is (True = may attend); with a bias, one float mask: the bias
-    where allowed, -inf elsewhere. is_causal (top-left) lets kernels skip the masked half.
-    """
-    attn_mask = allowed
-    if bias is not None:
-        attn_mask = bias if allowed is None else bias.masked_fill(~allowed, float("-inf"))
-    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask, is_causal=is_causal,
-                                          enable_gqa=enable_gqa)  # (B, h, T, d_k)
-
-
-def flex_core(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, allowed=None, bias=None,
-              is_causal: bool = False, enable_gqa: bool = False) -> torch.Tensor:
-    """Steps 3-6 in FlexAttention, from the same mask and bias tensors: -> (B, h, T, d_k).
-
-    The mask becomes a mask_mod that looks it up, the bias a score_mod that adds it. Eager
-    (no torch.compile) and, on CPU, inference only (torch 2.13 has no CPU flex backward).
-    """
-    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
-
-    B, h, T, _ = q.shape
-    S = k.shape[2]
-    if is_causal:
-        allowed = causal_mask(T, S, device=q.device)
-    block_mask = None
-    if allowed is not None:
-        full = allowed.expand(B, h, T, S)  # (B, h, T, S) view: one lookup per (b, head, t, s)
-        block_mask = create_block_mask(lambda b, hh, t, s: full[b, hh, t, s], B, h, T, S,
-                                       device=str(q.device))
-    score_mod = None
-    if bias is not None:
-        full_bias = bias.expand(B, h, T, S)
-        score_mod = lambda score, b, hh, t, s: score + full_bias[b, hh, t, s]  # noqa: E731
-    return flex_attention(q, k, v, score_mod=score_mod, block_mask=block_mask,
-                          enable_gqa=enable_gqa)  # (B, h, T, d_k)
-
-
-BACKENDS = ("sdpa", "manual", "flex")
-"""The torch core's backends: SDPA's fused kernels, steps 3-6 written out, FlexAttention."""
-
-
-def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask=None, bias=None,
-              backend: str = "sdpa", is_causal: bool = False, enable_gqa: bool = True
-              ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Steps 3-6, the one torch attention core: q (B,h,T,d_k), k, v (B,h_kv,S,d_k) -> (out, weights).
-
-    The twin of `mha.numpy_mha.attention`: boolean `mask` (True = may attend) and additive
-    `bias` broadcast to (B, h, T, S). `backend` picks the kernel: "sdpa", "manual" (the only
-    one that returns the weights (B, h, T, S); the others return None) or "flex".
-    `is_causal` is the top-left causal mask without a tensor. h_kv < h: SDPA and flex get
-    `enable_gqa`; the manual path (or enable_gqa=False) repeats the heads first.
-    """
-    if backend not in BACKENDS:
-        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-    h, h_kv = q.shape[1], k.shape[1]
-    if h % h_kv:
-        raise ValueError(f"k and v must have a number of heads h_kv that divides q's h={h} "
-                         f"(grouped-query attention), got h_kv={h_kv}")
-    if h_kv != h and (backend == "manual" or not enable_gqa):
-        k, v = repeat_kv(k, h // h_kv), repeat_kv(v, h // h_kv)  # (B, h, S, d_k): shared heads
-    gqa = k.shape[1] != h
-    if backend == "manual":
-        if is_causal:
-            mask = causal_mask(q.shape[2], k.shape[2], device=q.device)  # (T, S)
-        return manual_attention(q, k, v, mask, bias)
-    core = sdpa_attention if backend == "sdpa" else flex_core
-    return core(q, k, v, mask, bias, is_causal, gqa), None
 
 
 def allowed_mask(
@@ -264,10 +102,12 @@ LEDGER_LABELS = {
                      ("1 project", "v", "(B, S, d_model)")]],
     "split_heads": [("2 split heads", "q", "(B, h, T, d_k)"), ("2 split heads", "k", "(B, h, S, d_k)"),
                     ("2 split heads", "v", "(B, h, S, d_k)")],
+    "merge_heads": [("7 merge heads", "concat of heads", "(B, T, d_model)")],
+}
+CORE_LEDGER_LABELS = {  # recorded in mha.torch_attention, where the core's kernels live
     "sdpa_attention": [("3-6 sdpa", "scaled_dot_product_attention", "(B, h, T, d_k)")],
     "manual_attention": [[("3-6 manual", "weights @ v", "(B, h, T, d_k)"),
                           ("3-5 manual", "attention weights", "(B, h, T, S)")]],
-    "merge_heads": [("7 merge heads", "concat of heads", "(B, T, d_model)")],
 }
 
 
@@ -276,9 +116,10 @@ class MultiHeadAttention(WeightConversion, nn.Module):
 
     `MultiHeadAttention(d_model, n_heads, seed)` draws exactly the weights the numpy module
     with the same seed draws (N(0, 1/d_model) weights, zero biases), so the two start equal.
-    `backend` picks the core's kernel: "sdpa" (default), "manual" (nanoGPT's `self.flash`
-    switch; keeps the weights (B, h, T, S) on `.attn`; `use_sdpa=False` says the same) or
-    "flex". `fused_qkv=True` uses one Linear for q, k, v (rows stacked q, k, v, the layout of
+    `backend` picks the core's kernel (`torch_attention.BACKENDS`): "sdpa" (default), "manual"
+    (nanoGPT's `self.flash` switch; keeps the weights (B, h, T, S) on `.attn`; `use_sdpa=False`
+    says the same), "flex" or "triton"; a forward may pick another for one call. A backend
+    that cannot serve the module's options is refused when the module is built. `fused_qkv=True` uses one Linear for q, k, v (rows stacked q, k, v, the layout of
     nn.MultiheadAttention's in_proj_weight). The options are the numpy module's (`mha.compose`):
     n_kv_heads, rope, rope_base, alibi, window. Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
@@ -302,9 +143,8 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
             raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
         backend = ("sdpa" if use_sdpa else "manual") if backend is None else backend
-        if backend not in BACKENDS:
-            raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
-        self.dtype, self.fused_qkv, self.backend = dtype, bool(fused_qkv), backend
+        self.dtype, self.fused_qkv = dtype, bool(fused_qkv)
+        self.backend = self._serving(backend, device)
         self.use_enable_gqa = bool(use_enable_gqa)
         kw, d_kv = dict(dtype=dtype, device=device), self.n_kv_heads * self.d_k
         if self.fused_qkv:
@@ -319,6 +159,22 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         self.load_numpy_(numpy_mha.MultiHeadAttention(d_model, n_heads, seed=seed,
                                                       **self.options.kwargs()))
 
+    def _needs(self) -> frozenset[str]:
+        """The features every call of this module needs from its backend (its options)."""
+        needs = {"gqa"} if self.n_kv_heads != self.n_heads else set()
+        needs |= {"bias"} if self.options.alibi else set()
+        return frozenset(needs | ({"window"} if self.options.window is not None else set()))
+
+    def _serving(self, backend: str, device=None) -> str:
+        """`backend` if it can serve this module's options (and dtype, on CUDA); else ValueError.
+
+        Other devices (a "meta" module built for its shapes) are checked when a forward runs.
+        """
+        dev = "cuda" if device is not None and torch.device(device).type == "cuda" else "cpu"
+        dtype = str(self.dtype).removeprefix("torch.")
+        torch_attention.BACKENDS.check(backend, Call(dev, dtype, self._needs()))
+        return backend
+
     @property
     def use_sdpa(self) -> bool:
         """True on the SDPA backend; setting False switches to the manual path (and back)."""
@@ -329,12 +185,15 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         self.backend = "sdpa" if on else "manual"
 
     def forward(self, x: torch.Tensor, context: torch.Tensor | None = None, causal: bool = False,
-                mask=None, positions=None, cache=None, core=None) -> torch.Tensor:
+                mask=None, positions=None, cache=None, core=None, backend: str | None = None
+                ) -> torch.Tensor:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         Same arguments as the numpy twin: `causal`, a boolean `mask` (True = may attend),
         `positions` (T,) or (B, T) (negative = padding) and a TorchKVCache `cache`.
-        The manual backend keeps the weights (B, h, T, S) on `.attn`.
+        The manual backend keeps the weights (B, h, T, S) on `.attn`. `backend` runs this call
+        on another backend than the module's (`torch_attention.BACKENDS`); `mask` may also be a
+        `masking.MaskSpec` (packed documents), joined with the module's own rules.
         `core` replaces steps 3-6 for self-attention on a slice of a longer sequence (see
         `mha.parallel.ring_core`): it gets q (B, h, T, d_k), k, v (B, h_kv, T, d_k), their
         positions (T,) and `rule(q_pos, k_pos) -> (allowed, bias)`, this module's masks and
@@ -342,6 +201,7 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         """
         B, T, S = self._check_inputs(x, context, mask, cache)
         causal = compose.require_causal(causal, self.options.window)
+        backend = self.backend if backend is None else self._serving(backend, x.device)
         if core is not None:
             return self._forward_with_core(x, causal, positions, core, context, mask, cache)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
@@ -352,17 +212,29 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         q, k = compose.rotate(q, q_pos, self.options), compose.rotate(k, k_pos, self.options)
         if cache is not None:  # the past joins: k, v (B, h_kv, S_all, d_k), k_pos (B, S_all)
             k, v, k_pos = cache.update(k, v, k_pos.expand(B, T))
-        # plain causal self-attention needs no mask tensor: is_causal lets kernels skip tiles
-        plain = causal and mask is None and cache is None and positions is None and not (
-            self.options.alibi or self.options.window)
-        allowed = None if plain else compose.allowed(q_pos, k_pos, causal, self.options.window,
-                                                     _on(mask, x.device), B, self.n_heads)
-        bias = compose.alibi(self.options, self.n_heads, q_pos, k_pos, q.dtype)  # or None
-        heads, weights = attention(q, k, v, allowed, bias, self.backend, plain,
-                                   self.use_enable_gqa)  # 3-6) the one core
+        # one description of what may be attended; each backend lowers it (SDPA: no mask or
+        # is_causal where exact, Flex: a BlockMask, the manual path: a dense mask)
+        spec = compose.mask_spec(q_pos, k_pos, causal, self.options.window, _on(mask, x.device),
+                                 B, self.n_heads)
+        bias, options = self._bias(backend, q_pos, k_pos, q.dtype)
+        heads, weights = torch_attention.attention(q, k, v, spec, bias, backend=backend,
+                                                   **options)  # 3-6) the one core
         self.attn = None if weights is None else weights.detach()
         merged = merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return self.out_proj(merged)  # ... then the output projection
+
+    def _bias(self, backend: str, q_pos: torch.Tensor, k_pos: torch.Tensor, dtype: torch.dtype
+              ) -> tuple[torch.Tensor | None, dict]:
+        """ALiBi for this call (a bias tensor, or Flex's score_mod on positions) and the backend's options."""
+        options = {}
+        if backend in ("sdpa", "flex") and not self.use_enable_gqa:
+            options["enable_gqa"] = False  # repeat the shared heads first, the explicit way
+        if not self.options.alibi:
+            return None, options
+        if backend == "flex":  # a score_mod that reads positions, not a (B, h, T, S) table
+            slopes = torch.as_tensor(alibi_slopes(self.n_heads), dtype=dtype, device=q_pos.device)
+            return None, options | {"score_mod": torch_attention.alibi_score_mod(slopes, q_pos, k_pos)}
+        return compose.alibi(self.options, self.n_heads, q_pos, k_pos, dtype), options
 
     def _forward_with_core(self, x, causal, positions, core, context, mask, cache) -> torch.Tensor:
         """Steps 1-2 and 7 here, steps 3-6 by `core`, for x (B, T, d_model) at `positions`."""
@@ -392,10 +264,12 @@ class MultiHeadAttention(WeightConversion, nn.Module):
 
     def trace(self, x, context=None, causal=False, mask=None) -> list[LedgerRow]:
         """Run forward once (without autograd) and return the shape ledger of every tensor it made."""
-        with torch.no_grad(), ledger.recording(sys.modules[__name__], LEDGER_LABELS) as rows:
+        with torch.no_grad(), ledger.recording(sys.modules[__name__], LEDGER_LABELS) as rows, \
+                ledger.recording(torch_attention, CORE_LEDGER_LABELS) as core:
             out = self.forward(x, context=context, causal=causal, mask=mask)
         last = LedgerRow("7 project", "out = out_proj(merged)", "(B, T, d_model)", tuple(out.shape))
-        return ledger.input_rows(x, context) + rows + [last]
+        # rows: project (3), split heads (3), merge heads (1); the core ran between split and merge
+        return ledger.input_rows(x, context) + rows[:-1] + core + rows[-1:] + [last]
 
     def new_cache(self, B: int, max_len: int) -> TorchKVCache:
         """A KV cache for this module on its device: (B, h_kv, max_len, d_k), or a ring of `window` slots."""
@@ -433,14 +307,15 @@ class MultiHeadAttention(WeightConversion, nn.Module):
                 raise ValueError(f"{name} is on {a.device} but the weights are on {device} "
                                  f"(move it with {name}.to('{device}'))")
         compose.check_cache(self, cache, TorchKVCache, B, T, context, mask)
-        if mask is not None:
+        if mask is not None and not torch_attention.is_spec(mask):  # a MaskSpec: compose checks it
             mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S
 
 
 def _on(mask, device) -> torch.Tensor | None:
-    """A torch or numpy boolean mask as a tensor on `device` (None stays None)."""
-    if mask is None or (isinstance(mask, torch.Tensor) and mask.device == device):
+    """A torch or numpy boolean mask as a tensor on `device` (None and a MaskSpec stay as they are)."""
+    if mask is None or torch_attention.is_spec(mask) or (
+            isinstance(mask, torch.Tensor) and mask.device == device):
         return mask
     return mask.to(device) if isinstance(mask, torch.Tensor) else torch.as_tensor(mask, device=device)
 

@@ -4,7 +4,7 @@ The same loop as `flash._tiled`, written for a GPU: each program loads one block
 streams the key/value tiles (none above the diagonal when causal), keeps the running max `m`,
 the sum `ell` and the unnormalised output `acc` in float32 registers, and writes the output and
 the row logsumexp once. Scores and accumulation are float32 whatever the inputs' dtype (mixed
-precision, as `torch_mha.compute_dtype` does); P is cast to the values' dtype for the P V
+precision, as `torch_attention.compute_dtype` does); P is cast to the values' dtype for the P V
 matmul, as FlashAttention does. Every `tl.dot` asks for `input_precision="ieee"`: on a GPU,
 float32 tiles are then multiplied in float32, where Triton's default would round them to TF32
 (10 mantissa bits) first; for float16 / bfloat16 tiles the option changes nothing.
