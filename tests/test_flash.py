@@ -170,7 +170,7 @@ def test_bad_input_names_what_was_expected(kwargs, match):
     q, k, v = _qkv(np.random.default_rng(5), 1, 1, 3, 3, 2)
     with pytest.raises((ValueError, TypeError), match=match):
         flash.flash_attention(q, k, v, **kwargs)
-    with pytest.raises(ValueError, match=r"k must be \(B=1, h=1, S, d_k=2\), got \(1, 1, 3, 5\)"):
+    with pytest.raises(ValueError, match=r"k must be \(B=1, h_kv, S, d_k=2\), got \(1, 1, 3, 5\)"):
         flash.flash_attention(q, np.zeros((1, 1, 3, 5)), v)
 
 
@@ -370,9 +370,9 @@ def test_split_kv_bad_input_names_what_was_expected(kwargs, error, match):
     q, k, v = _qkv(np.random.default_rng(11), 1, 2, 1, 6, 4)
     with pytest.raises(error, match=match):
         flash.split_kv_attention(q, k, v, **kwargs)
-    with pytest.raises(ValueError, match=r"v must be \(B=1, h=2, S=6, d_v\), got \(1, 2, 5, 4\)"):
+    with pytest.raises(ValueError, match=r"v must be \(B=1, h_kv=2, S=6, d_v\), got \(1, 2, 5, 4\)"):
         flash.split_kv_attention(q, k, v[:, :, :5])
-    with pytest.raises(ValueError, match=r"k must be \(B=1, h=2, S, d_k=4\), got \(1, 3, 6, 4\)"):
+    with pytest.raises(ValueError, match=r"k and v must have a number of heads h_kv that divides q's h=2 .*got h_kv=3"):
         flash.split_kv_attention(q, np.zeros((1, 3, 6, 4)), v)
 
 
@@ -546,9 +546,9 @@ def planted(fn, old: str, new: str):
     return namespace[fn.__name__]
 
 
-FORWARD_SKIP = "if causal and s0 > t1 - 1 + offset:"
-FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "if causal and s0 >= t1 - 1 + offset:",
-                      "reads a tile no query of the block may see": "if causal and s0 > t1 + offset:"}
+FORWARD_SKIP = "if s0 > t1 - 1 + offset:"  # in tile_schedule, the schedule _tiled follows
+FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "if s0 >= t1 - 1 + offset:",
+                      "reads a tile no query of the block may see": "if s0 > t1 + offset:"}
 EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (lesson 15's case)
 
 
@@ -556,7 +556,8 @@ EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (le
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_forward_skip_off_by_one(wrong, monkeypatch):
     assert _forward_edge_error(*EDGE) <= 1e-12
-    monkeypatch.setattr(flash, "_tiled", planted(flash._tiled, FORWARD_SKIP, FORWARD_OFF_BY_ONE[wrong]))
+    monkeypatch.setattr(flash, "tile_schedule", planted(flash.tile_schedule, FORWARD_SKIP,
+                                                        FORWARD_OFF_BY_ONE[wrong]))
     assert _forward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"
 
 

@@ -207,7 +207,7 @@ def test_the_backward_tile_skip_at_its_edge(case, seed):
     assert _backward_edge_error(T, S, offset, bq, bk, dead, seed) < 1e-12
 
 
-BACKWARD_SKIP = "if causal and s0 > t1 - 1 + offset:\n                continue"
+BACKWARD_SKIP = "if s0 > t1 - 1 + offset:"  # in tile_schedule, the rule both loops follow
 BACKWARD_OFF_BY_ONE = {
     "drops the query block whose last query sees s0": BACKWARD_SKIP.replace(">", ">="),
     "reads a query block that sees none of the keys": BACKWARD_SKIP.replace("t1 - 1 + offset", "t1 + offset"),
@@ -218,6 +218,15 @@ BACKWARD_OFF_BY_ONE = {
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_backward_skip_off_by_one(wrong, monkeypatch):
     assert _backward_edge_error(*EDGE) < 1e-12
-    bad = planted(flash._tiled_backward, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong])
-    monkeypatch.setattr(flash, "_tiled_backward", bad)
+    right, bad = flash.tile_schedule, planted(flash.tile_schedule, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong])
+    backward = flash.flash_attention_backward
+
+    def backward_on_the_bad_schedule(*args, **kwargs):  # the forward keeps the right one
+        monkeypatch.setattr(flash, "tile_schedule", bad)
+        try:
+            return backward(*args, **kwargs)
+        finally:
+            monkeypatch.setattr(flash, "tile_schedule", right)
+
+    monkeypatch.setattr(flash, "flash_attention_backward", backward_on_the_bad_schedule)
     assert _backward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"

@@ -39,11 +39,14 @@ from __future__ import annotations
 import functools
 import math
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
-from .numpy_attention import compute_dtype, merge_partials
+from .masking import MaskSpec
+from .numpy_attention import compute_dtype, group, merge_partials
 from .validate import (
     is_torch,
     mask_shape,
@@ -261,102 +264,204 @@ def _even(n: int, block: int) -> int:
 
 
 def flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-                    mask: np.ndarray | None = None, block_q: int | None = None,
-                    block_k: int | None = None, offset: int = 0,
-                    budget: int | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Steps 3-6 tiled: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) -> (out, lse).
+                    mask: np.ndarray | MaskSpec | None = None, block_q: int | None = None,
+                    block_k: int | None = None, offset: int = 0, budget: int | None = None, *,
+                    bias: np.ndarray | None = None,
+                    stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Steps 3-6 tiled: q (B, h, T, d_k), k (B, h_kv, S, d_k), v (B, h_kv, S, d_v) -> (out, lse).
 
-    out (B, h, T, d_v) equals steps 3-6 (softmax(q k^T / sqrt(d_k)) v); lse (B, h, T) is each
-    row's logsumexp of the scaled scores (-inf for a fully masked row, whose output is 0).
+    out (B, h, T, d_v) equals steps 3-6 (softmax(q k^T / sqrt(d_k) + bias) v); lse (B, h, T) is
+    each row's logsumexp of those scores (-inf for a fully masked row, whose output is 0).
     `causal` lets query t see keys s <= t + offset (offset=0 top-left, S-T bottom-right);
-    `mask` is boolean, True = may attend, (T, S), (B, T, S) or (B|1, h|1, T, S).
-    block_q, block_k: ints, or None for `choose_blocks` to pick them from the shapes;
-    `budget` (bytes, default TILE_BUDGET_BYTES) is the working set it picks them (and the heads
-    per step) for. float16 is computed in float32 (module docstring); out has the inputs' dtype,
-    lse the working one.
+    `mask` is boolean, True = may attend, (T, S), (B, T, S) or (B|1, h|1, T, S), or a
+    `masking.MaskSpec` (positions, window, padding, documents): then its tile schedule decides
+    which tiles are computed (none left of a window's band), and only PARTIAL tiles get mask work.
+    `bias` (ALiBi) broadcasts to (B, h, T, S) and is added tile by tile after scaling.
+    h_kv divides h: query heads j*g .. j*g+g-1 share key/value head j, whose tiles are loaded once
+    for all g of them (never repeated in memory). block_q, block_k: ints, or None for
+    `choose_blocks`; `budget` (bytes, default TILE_BUDGET_BYTES) is the working set they (and the
+    heads per step) are picked for. `stats`, a dict, counts tiles ("computed", "masked",
+    "skipped") and, if it holds a "tiles" list, appends (b, i, j) per computed tile.
+    float16 is computed in float32 (module docstring); out has the inputs' dtype, lse the working one.
     """
-    B, h, T, S, d_k = _check_qkv(q, k, v)
+    B, h, h_kv, T, S, d_k = _check_qkv(q, k, v)
     causal, offset = require_bool("causal", causal), _require_offset(offset)
     dtype = q.dtype
     work = compute_dtype(dtype)
-    block_q, block_k, cells = _plan(B, h, T, S, d_k, work.itemsize, mask, block_q, block_k, budget)
+    block_q, block_k, cells = _plan(B, h, h_kv, T, S, d_k, work.itemsize, block_q, block_k, budget)
+    lower = _lowering(mask, bias, causal, offset, B, h, h_kv, T, S, block_q, block_k)
     q, k, v = (a.astype(work, copy=False) for a in (q, k, v))  # float16 -> float32, once; else no copy
+    g = h // h_kv  # query heads per key/value head
     out = np.zeros((B, h, T, v.shape[-1]), dtype=dtype)  # (B, h, T, d_v)
     lse = np.full((B, h, T), -np.inf, dtype=work)  # (B, h, T)
-    for b, heads, mask_g in cells:  # FA-2's grid is (batch, head, query block): each cell independent
-        out[b, heads], lse[b, heads] = _tiled(q[b, heads], k[b, heads], v[b, heads], mask_g,
-                                              causal, offset, block_q, block_k)  # (g, T, d_v)
+    for b, kv in cells:  # FA-2's grid is (batch, head, query block): each cell independent
+        heads = slice(kv.start * g, kv.stop * g)  # the query heads that read these kv heads
+        qg = q[b, heads].reshape(-1, g, T, d_k)  # (G, g, T, d_k): G kv heads, g queries each
+        o, ls = _tiled(qg, k[b, kv, None], v[b, kv, None], lower(b, kv), block_q, block_k, stats)
+        out[b, heads], lse[b, heads] = o.reshape(-1, T, o.shape[-1]), ls.reshape(-1, T)  # (G g, T, ..)
     return out, lse  # out rounded to the inputs' dtype once, by the assignment above
 
 
-def _plan(B: int, h: int, T: int, S: int, d: int, itemsize: int, mask: np.ndarray | None,
-          block_q: int | None, block_k: int | None, budget: int | None) -> tuple[int, int, list]:
-    """Tile sizes and the grid: (block_q, block_k, [(b, slice of heads, their mask or None)]).
+def _plan(B: int, h: int, h_kv: int, T: int, S: int, d: int, itemsize: int, block_q: int | None,
+          block_k: int | None, budget: int | None) -> tuple[int, int, list]:
+    """Tile sizes and the grid: (block_q, block_k, [(b, slice of key/value heads)]).
 
-    Blocks left None are picked by `choose_blocks`; heads go together while their tiles fit the
-    budget (`_heads_per_step`); the mask is reshaped to (B|1, h|1, T, S) and sliced per cell.
+    Blocks left None are picked by `choose_blocks`; key/value heads go together while their
+    tiles (each with its g = h / h_kv query heads) fit the budget (`_heads_per_step`).
     """
     auto_q, auto_k = choose_blocks(max(T, 1), max(S, 1), d, itemsize, budget)
     block_q = auto_q if block_q is None else require_int("block_q", block_q)
     block_k = auto_k if block_k is None else require_int("block_k", block_k)
-    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
-    g = _heads_per_step(max(h, 1), block_q, block_k, d, itemsize, budget)  # heads per step
-    cells = []
-    for b in range(B):
-        for h0 in range(0, h, g):
-            heads = slice(h0, min(h0 + g, h))
-            cell_mask = None if mask4 is None else mask4[min(b, mask4.shape[0] - 1),
-                                                         heads if mask4.shape[1] > 1 else slice(None)]
-            cells.append((b, heads, cell_mask))
+    g = h // max(h_kv, 1)  # a kv head's g query heads score against one k tile: g * block_q rows
+    n = _heads_per_step(max(h_kv, 1), g * block_q, block_k, d, itemsize, budget)  # kv heads per step
+    cells = [(b, slice(j, min(j + n, h_kv))) for b in range(B) for j in range(0, h_kv, n)]
     return block_q, block_k, cells
 
 
-def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None, causal: bool,
-           offset: int, block_q: int, block_k: int) -> tuple[np.ndarray, np.ndarray]:
-    """flash_attention for g heads of one batch item: q (g, T, d_k), k (g, S, d_k), v (g, S, d_v).
+@dataclass(frozen=True)
+class Tiles:
+    """What one cell of the grid may attend, lowered to tiles: which to compute, and their masks.
 
-    q, k, v arrive in the working dtype; out and lse are returned in it.
+    kinds (n_q_blocks, n_k_blocks) of SKIPPED / PARTIAL / FULL; `allowed(t0, t1, s0, s1)` the
+    boolean (G|1, g|1, bq, bk) mask of a PARTIAL tile; `bias(t0, t1, s0, s1)` the additive
+    (G|1, g|1, bq|1, bk|1) bias of a tile, or None without one. `b` is the batch item (for stats).
     """
-    (g, T, d_k), S, d_v = q.shape, k.shape[1], v.shape[-1]
+
+    b: int
+    kinds: np.ndarray
+    allowed: Callable[[int, int, int, int], np.ndarray]
+    bias: Callable[[int, int, int, int], np.ndarray] | None = None
+
+
+def _lowering(mask: Any, bias: Any, causal: bool, offset: int, B: int, h: int, h_kv: int, T: int,
+              S: int, block_q: int, block_k: int) -> Callable[[int, slice], Tiles]:
+    """(b, kv heads) -> that cell's Tiles, from the causal flag and offset, a mask or a MaskSpec."""
+    g = h // h_kv
+    bias4 = None if bias is None else _as4("bias", bias, B, h, T, S)
+    if isinstance(mask, MaskSpec):
+        if causal or offset:
+            raise ValueError("a MaskSpec says itself what is causal (its positions): call with "
+                             "causal=False and offset=0")
+        if (mask.T, mask.S) != (T, S) or mask.B not in (1, B):
+            raise ValueError(f"the MaskSpec describes (B={mask.B}, T={mask.T}, S={mask.S}), the "
+                             f"inputs (B={B}, T={T}, S={S})")
+        kinds = mask.tile_kinds(block_q, block_k)  # (B|1, nq, nk): from positions, no (T, S) array
+        kinds = np.broadcast_to(kinds, (len(kinds), -(-T // block_q), -(-S // block_k)))  # (B|1, nq, nk)
+
+        def spec_cell(b: int, kv: slice) -> Tiles:
+            def allowed(t0, t1, s0, s1):
+                block = mask.block(t0, t1, s0, s1)  # (B|1, h|1, bq, bk), None when all allowed
+                return np.True_ if block is None else _cell(block, b, kv, g)  # (G|1, g|1, bq, bk)
+            return Tiles(b, kinds[min(b, len(kinds) - 1)], allowed, _bias_tiles(bias4, b, kv, g))
+        return spec_cell
+    kinds = tile_schedule(T, S, block_q, block_k, causal, offset) if causal else \
+        np.full((-(-T // block_q), -(-S // block_k)), FULL, dtype=np.int8)
+    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    if mask4 is not None:
+        kinds = np.where(kinds == FULL, PARTIAL, kinds)  # an arbitrary mask: every tile masked
+
+    def array_cell(b: int, kv: slice) -> Tiles:
+        m = None if mask4 is None else _cell(mask4, b, kv, g)  # (G|1, g|1, T, S)
+        return Tiles(b, kinds, lambda t0, t1, s0, s1: _allowed_block(t0, t1, s0, s1, causal, offset, m),
+                     _bias_tiles(bias4, b, kv, g))
+    return array_cell
+
+
+def _as4(name: str, a: np.ndarray, B: int, h: int, T: int, S: int) -> np.ndarray:
+    """a (a bias), checked to broadcast to (B, h, T, S), as a 4-d (B|1, h|1, T|1, S|1) array."""
+    a = np.asarray(a)
+    try:
+        if np.broadcast_shapes(a.shape, (B, h, T, S)) != (B, h, T, S):
+            raise ValueError
+    except ValueError:
+        raise ValueError(f"{name} {a.shape} must broadcast to the scores (B, h, T, S) = "
+                         f"{(B, h, T, S)}") from None
+    return a.reshape((1,) * (4 - a.ndim) + a.shape)  # (B|1, h|1, T|1, S|1)
+
+
+def _cell(a: np.ndarray | None, b: int, kv: slice, g: int) -> np.ndarray | None:
+    """The (B|1, h|1, ., .) array's part for batch item b and kv heads kv: (G|1, g|1, ., .)."""
+    if a is None:
+        return None
+    a = a[b if a.shape[0] > 1 else 0]  # (h|1, ., .)
+    if a.shape[0] == 1:
+        return a[None]  # (1, 1, ., .): the same for every head
+    return a[kv.start * g:kv.stop * g].reshape(-1, g, *a.shape[1:])  # (G, g, ., .)
+
+
+def _bias_tiles(bias4: np.ndarray | None, b: int, kv: slice, g: int) -> Callable | None:
+    """(t0, t1, s0, s1) -> the bias tile (G|1, g|1, bq|1, bk|1) of this cell, or None."""
+    cell = _cell(bias4, b, kv, g)  # (G|1, g|1, T|1, S|1)
+    if cell is None:
+        return None
+    return lambda t0, t1, s0, s1: cell[..., t0:t1 if cell.shape[-2] > 1 else 1,
+                                       s0:s1 if cell.shape[-1] > 1 else 1]
+
+
+def _count(stats: dict | None, b: int, i: int, j: int, kind: int) -> None:
+    """Count one tile in stats: "computed", "masked" (PARTIAL, given mask work) or "skipped"."""
+    if stats is None:
+        return
+    key = "skipped" if kind == SKIPPED else "computed"
+    stats[key] = stats.get(key, 0) + 1
+    if kind == PARTIAL:
+        stats["masked"] = stats.get("masked", 0) + 1
+    if kind != SKIPPED and isinstance(stats.get("tiles"), list):
+        stats["tiles"].append((b, i, j))
+
+
+def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, tiles: Tiles, block_q: int, block_k: int,
+           stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """flash_attention for one cell: q (G, g, T, d_k), k (G, 1, S, d_k), v (G, 1, S, d_v).
+
+    G key/value heads of one batch item, each read by g query heads (g = 1 without GQA).
+    q, k, v arrive in the working dtype; out (G, g, T, d_v) and lse (G, g, T) are returned in it.
+    """
+    (G, g, T, d_k), S, d_v = q.shape, k.shape[2], v.shape[-1]
     dtype = q.dtype
-    out = np.empty((g, T, d_v), dtype=dtype)  # (g, T, d_v)
-    lse = np.empty((g, T), dtype=dtype)  # (g, T)
+    out = np.empty((G, g, T, d_v), dtype=dtype)  # (G, g, T, d_v)
+    lse = np.empty((G, g, T), dtype=dtype)  # (G, g, T)
     scale = np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # keeps float32 as float32
-    for t0 in range(0, T, block_q):  # outer loop: one block of queries at a time (FA-2 order)
+    for i, t0 in enumerate(range(0, T, block_q)):  # outer loop: one block of queries (FA-2 order)
         t1 = min(t0 + block_q, T)
-        qi = q[:, t0:t1] * scale  # (g, bq, d_k)
-        state = empty_state((g,), t1 - t0, d_v, dtype)  # m, ell, acc of this block of queries
-        for s0 in range(0, S, block_k):  # inner loop: stream keys and values
-            if causal and s0 > t1 - 1 + offset:
-                break  # this tile and every one to its right lie wholly above the diagonal
+        qi = q[:, :, t0:t1] * scale  # (G, g, bq, d_k)
+        state = empty_state((G, g), t1 - t0, d_v, dtype)  # m, ell, acc of this block of queries
+        for j, s0 in enumerate(range(0, S, block_k)):  # inner loop: stream keys and values
+            kind = tiles.kinds[i, j]
+            _count(stats, tiles.b, i, j, kind)
+            if kind == SKIPPED:
+                continue  # no query of the block may see a key of this one: never computed
             s1 = min(s0 + block_k, S)
-            scores = qi @ k[:, s0:s1].swapaxes(-1, -2)  # (g, bq, d_k) @ (g, d_k, bk) -> (g, bq, bk)
-            allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
-            if allowed is not None:
-                np.copyto(scores, -np.inf, where=~allowed)  # in place; (g|1, bq, bk) broadcasts
-            state = _update(state, scores.astype(dtype, copy=False), v[:, s0:s1])
+            scores = qi @ k[:, :, s0:s1].swapaxes(-1, -2)  # (G,g,bq,d_k) @ (G,1,d_k,bk) -> (G,g,bq,bk)
+            if tiles.bias is not None:
+                scores += tiles.bias(t0, t1, s0, s1)  # ALiBi: added after scaling, before the mask
+            if kind == PARTIAL:  # a FULL tile gets no mask work at all
+                np.copyto(scores, -np.inf, where=~tiles.allowed(t0, t1, s0, s1))  # (G|1, g|1, bq, bk)
+            state = _update(state, scores, v[:, :, s0:s1])  # one v tile for the g heads
         # one division at the end; a row with nothing allowed (ell = 0) stays 0, like steps.softmax
-        out[:, t0:t1], lse[:, t0:t1] = _finish(state)
+        out[:, :, t0:t1], lse[:, :, t0:t1] = _finish(state)
     return out, lse
 
 
 def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: np.ndarray,
                              lse: np.ndarray, dout: np.ndarray, causal: bool = False,
-                             mask: np.ndarray | None = None, block_q: int | None = None,
+                             mask: np.ndarray | MaskSpec | None = None, block_q: int | None = None,
                              block_k: int | None = None, offset: int = 0,
-                             budget: int | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                             budget: int | None = None, *,
+                             bias: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """FlashAttention-2's backward: the gradients of `flash_attention` from its out and lse alone.
 
-    q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v), out and dout (B, h, T, d_v), lse
+    q (B, h, T, d_k), k (B, h_kv, S, d_k), v (B, h_kv, S, d_v), out and dout (B, h, T, d_v), lse
     (B, h, T) -> (dq, dk, dv) in the shapes of q, k, v. Nothing of size (T, S) is kept: each
     tile's P = exp(scores - lse) is recomputed, and delta = rowsum(dout * out) stands in for
     the sum over all keys of P * dP (15_backward_pass.ipynb). Loop order of FA-2's backward:
     key blocks outside (each owns its dk, dv, written once), query blocks inside (dq is added
-    to from every key block; FA-2 uses atomic adds for it). Arguments as in `flash_attention`.
-    float16 is computed in float32 (delta, P, and the sums into dq, dk, dv); the gradients are
-    rounded to the inputs' dtype once, at the end.
+    to from every key block; FA-2 uses atomic adds for it). Arguments as in `flash_attention`:
+    with grouped-query heads a key/value head's dk, dv sum over the g query heads that read it;
+    `bias` is a constant (no gradient is returned for it). float16 is computed in float32
+    (delta, P, and the sums into dq, dk, dv); the gradients are rounded once, at the end.
     """
-    B, h, T, S, d_k = _check_qkv(q, k, v)
+    B, h, h_kv, T, S, d_k = _check_qkv(q, k, v)
     d_v = shape_of(v)[-1]
     for name, a, want in (("out", out, (B, h, T, d_v)), ("dout", dout, (B, h, T, d_v)),
                           ("lse", lse, (B, h, T))):
@@ -370,84 +475,119 @@ def flash_attention_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, out: n
     causal, offset = require_bool("causal", causal), _require_offset(offset)
     dtype = q.dtype
     work = compute_dtype(dtype)
-    block_q, block_k, cells = _plan(B, h, T, S, max(d_k, d_v), work.itemsize, mask, block_q,
+    block_q, block_k, cells = _plan(B, h, h_kv, T, S, max(d_k, d_v), work.itemsize, block_q,
                                     block_k, budget)
+    lower = _lowering(mask, bias, causal, offset, B, h, h_kv, T, S, block_q, block_k)
     q, k, v, out, dout = (a.astype(work, copy=False) for a in (q, k, v, out, dout))  # float16 -> float32
     lse = lse.astype(work, copy=False)
     delta = (dout * out).sum(axis=-1)  # (B, h, T): FA-2's preprocessing step, one number a row
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)  # sums in the working dtype
-    for b, hs, mask_g in cells:
-        _tiled_backward(q[b, hs], k[b, hs], v[b, hs], lse[b, hs], dout[b, hs], delta[b, hs],
-                        mask_g, causal, offset, block_q, block_k,
-                        (dq[b, hs], dk[b, hs], dv[b, hs]))  # written in place: no copies
-    return tuple(g.astype(dtype, copy=False) for g in (dq, dk, dv))  # rounded once
+    g = h // h_kv
+    dq = np.zeros((B, h_kv, g, T, d_k), dtype=work)  # query heads grouped by their kv head
+    dk, dv = np.zeros_like(k), np.zeros_like(v)  # sums in the working dtype
+    for b, kv in cells:
+        heads = slice(kv.start * g, kv.stop * g)
+        grouped = [a[b, heads].reshape(-1, g, *a.shape[2:]) for a in (q, lse, dout, delta)]  # (G, g, ..)
+        _tiled_backward(grouped[0], k[b, kv, None], v[b, kv, None], *grouped[1:], lower(b, kv),
+                        block_q, block_k, (dq[b, kv], dk[b, kv, None], dv[b, kv, None]))  # in place
+    dq = dq.reshape(B, h, T, d_k)  # (B, h_kv, g, T, d_k) -> (B, h, T, d_k): head j*g + i
+    return tuple(gr.astype(dtype, copy=False) for gr in (dq, dk, dv))  # rounded once
 
 
 def _tiled_backward(q: np.ndarray, k: np.ndarray, v: np.ndarray, lse: np.ndarray,
-                    dout: np.ndarray, delta: np.ndarray, mask: np.ndarray | None, causal: bool,
-                    offset: int, block_q: int, block_k: int,
+                    dout: np.ndarray, delta: np.ndarray, tiles: Tiles, block_q: int, block_k: int,
                     grads: tuple[np.ndarray, np.ndarray, np.ndarray]) -> None:
-    """flash_attention_backward for g heads of one batch item: q (g, T, d_k), ...; fills grads.
+    """flash_attention_backward for one cell: q (G, g, T, d_k), k (G, 1, S, d_k), ...; fills grads.
 
-    grads = (dq (g, T, d_k) zeroed, dk (g, S, d_k), dv (g, S, d_v)), views of the full arrays;
-    everything arrives in the working dtype.
+    grads = (dq (G, g, T, d_k) zeroed, dk (G, 1, S, d_k), dv (G, 1, S, d_v)), views of the full
+    arrays; a kv head's dk, dv sum over its g query heads. Everything is in the working dtype.
     """
-    T, d_k = q.shape[1], q.shape[2]
-    S = k.shape[1]
+    T, d_k = q.shape[2], q.shape[3]
+    S = k.shape[2]
     dtype = q.dtype
     scale = np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)
-    base = np.where(np.isfinite(lse), lse, 0.0)[..., None]  # (g, T, 1): rows with no key get P = 0
+    base = np.where(np.isfinite(lse), lse, 0.0)[..., None]  # (G, g, T, 1): rows with no key get P = 0
     dq, dk, dv = grads  # dq is added to by every key block
-    for s0 in range(0, S, block_k):  # outer loop: one block of keys, its dk and dv stay here
+    for j, s0 in enumerate(range(0, S, block_k)):  # outer loop: one block of keys, its dk and dv stay here
         s1 = min(s0 + block_k, S)
-        kj, vj = k[:, s0:s1], v[:, s0:s1]  # (g, bk, d_k), (g, bk, d_v)
+        kj, vj = k[:, :, s0:s1], v[:, :, s0:s1]  # (G, 1, bk, d_k), (G, 1, bk, d_v)
         dk_j, dv_j = np.zeros_like(kj, dtype=dtype), np.zeros_like(vj, dtype=dtype)
-        for t0 in range(0, T, block_q):  # inner loop: stream the query blocks
+        for i, t0 in enumerate(range(0, T, block_q)):  # inner loop: stream the query blocks
             t1 = min(t0 + block_q, T)
-            if causal and s0 > t1 - 1 + offset:
-                continue  # the forward's rule: every key here lies after every query, P = 0
+            kind = tiles.kinds[i, j]
+            if kind == SKIPPED:
+                continue  # the forward's rule: no query here may see a key of the block, P = 0
                 # (a GPU kernel starts its loop at the first block not skipped instead)
-            scores = (q[:, t0:t1] * scale) @ kj.swapaxes(-1, -2)  # (g,bq,d_k) @ (g,d_k,bk) -> (g,bq,bk)
-            allowed = _allowed_block(t0, t1, s0, s1, causal, offset, mask)
-            if allowed is not None:
-                np.copyto(scores, -np.inf, where=~allowed)  # masked keys had weight 0 forward
-            p = np.exp(scores - base[:, t0:t1])  # (g, bq, bk): this tile's share of each whole row
-            do_i = dout[:, t0:t1]  # (g, bq, d_v)
-            dv_j += p.swapaxes(-1, -2) @ do_i  # (g,bk,bq) @ (g,bq,d_v) -> (g,bk,d_v)
-            dp = do_i @ vj.swapaxes(-1, -2)  # (g,bq,d_v) @ (g,d_v,bk) -> (g,bq,bk)
-            ds = p * (dp - delta[:, t0:t1, None]) * scale  # (g, bq, bk): d of the unscaled q k^T
-            dq[:, t0:t1] += ds @ kj  # (g,bq,bk) @ (g,bk,d_k) -> (g,bq,d_k)
-            dk_j += ds.swapaxes(-1, -2) @ q[:, t0:t1]  # (g,bk,bq) @ (g,bq,d_k) -> (g,bk,d_k)
-        dk[:, s0:s1], dv[:, s0:s1] = dk_j, dv_j
+            scores = (q[:, :, t0:t1] * scale) @ kj.swapaxes(-1, -2)  # (G,g,bq,d_k) @ (G,1,d_k,bk) -> (G,g,bq,bk)
+            if tiles.bias is not None:
+                scores += tiles.bias(t0, t1, s0, s1)  # the forward's bias: a constant here
+            if kind == PARTIAL:
+                np.copyto(scores, -np.inf, where=~tiles.allowed(t0, t1, s0, s1))  # weight 0 forward
+            p = np.exp(scores - base[:, :, t0:t1])  # (G, g, bq, bk): this tile's share of each whole row
+            do_i = dout[:, :, t0:t1]  # (G, g, bq, d_v)
+            dv_j += (p.swapaxes(-1, -2) @ do_i).sum(1, keepdims=True)  # (G,g,bk,bq) @ (G,g,bq,d_v), summed over g
+            dp = do_i @ vj.swapaxes(-1, -2)  # (G,g,bq,d_v) @ (G,1,d_v,bk) -> (G,g,bq,bk)
+            ds = p * (dp - delta[:, :, t0:t1, None]) * scale  # (G, g, bq, bk): d of the unscaled q k^T
+            dq[:, :, t0:t1] += ds @ kj  # (G,g,bq,bk) @ (G,1,bk,d_k) -> (G,g,bq,d_k)
+            dk_j += (ds.swapaxes(-1, -2) @ q[:, :, t0:t1]).sum(1, keepdims=True)  # (G,g,bk,bq) @ (G,g,bq,d_k), over g
+        dk[:, :, s0:s1], dv[:, :, s0:s1] = dk_j, dv_j
 
 
-def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray | None = None,
-                       n_splits: int = 4) -> tuple[np.ndarray, np.ndarray]:
-    """Flash decoding: q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v) in key chunks -> (out, lse).
+def split_kv_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray,
+                       mask: np.ndarray | MaskSpec | None = None, n_splits: int = 4, *,
+                       bias: np.ndarray | None = None,
+                       stats: dict | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Flash decoding: q (B, h, T, d_k), k (B, h_kv, S, d_k), v (B, h_kv, S, d_v) in key chunks -> (out, lse).
 
     With T = 1 (one new token) the query loop of flash_attention has nothing to split, so the keys
     are split instead: each chunk gets its own state (m, ell, acc) (on a GPU, in parallel) and
-    hands over its normalised (out, lse); `merge_partials` combines them. Same contract as flash_attention;
-    n_splits > S leaves some chunks empty (m = -inf), which the merge ignores.
+    hands over its normalised (out, lse); `merge_partials` combines them. `mask` (a boolean array
+    or a MaskSpec, lowered to its dense (B|1, h|1, T, S) form: T is small here) and `bias` as in
+    flash_attention; a chunk the mask rules out entirely (left of a window) is never computed.
+    Grouped-query heads read their shared key/value head, unrepeated. n_splits > S leaves some
+    chunks empty (lse = -inf), which the merge ignores. `stats` counts "chunks" computed and "skipped".
     """
-    B, h, T, S, d_k = _check_qkv(q, k, v)
+    B, h, h_kv, T, S, d_k = _check_qkv(q, k, v)
     n_splits = require_int("n_splits", n_splits)
-    mask4 = None if mask is None else np.asarray(mask).reshape(mask_shape(mask, B, h, T, S))
+    g = h // h_kv
+    if isinstance(mask, MaskSpec):
+        mask = mask.dense()  # (B|1, h|1, T, S) or None when everything is allowed
+    mask5 = None if mask is None else _grouped(np.asarray(mask).reshape(mask_shape(mask, B, h, T, S)), g)
+    bias5 = None if bias is None else _grouped(_as4("bias", bias, B, h, T, S), g)
     out_dtype, dtype = q.dtype, compute_dtype(q.dtype)  # float16: computed in float32
     q, k, v = (a.astype(dtype, copy=False) for a in (q, k, v))
-    qs = q * np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)  # (B, h, T, d_k)
+    qs = q.reshape(B, h_kv, g, T, d_k) * np.asarray(1.0 / math.sqrt(d_k), dtype=dtype)  # (B, h_kv, g, T, d_k)
+    k, v = k[:, :, None], v[:, :, None]  # (B, h_kv, 1, S, d): one head for its g queries
     edges = [i * S // n_splits for i in range(n_splits + 1)]  # chunk sizes differ by at most 1
     parts = []
     for s0, s1 in zip(edges[:-1], edges[1:], strict=True):  # independent: one GPU block each
-        state = empty_state((B, h), T, v.shape[-1], dtype)
-        if s1 > s0:
-            scores = qs @ k[:, :, s0:s1].swapaxes(-1, -2)  # (B,h,T,d_k) @ (B,h,d_k,c) -> (B,h,T,c)
-            if mask4 is not None:
-                np.copyto(scores, -np.inf, where=~mask4[..., s0:s1])  # (B|1, h|1, T, c)
-            state = _update(state, scores.astype(dtype, copy=False), v[:, :, s0:s1])
+        state = empty_state((B, h_kv, g), T, v.shape[-1], dtype)
+        allowed = None if mask5 is None else mask5[..., s0:s1]  # (B|1, h_kv|1, g|1, T, c)
+        if s1 > s0 and (allowed is None or allowed.any()):
+            scores = qs @ k[..., s0:s1, :].swapaxes(-1, -2)  # (B,h_kv,g,T,d_k) @ (B,h_kv,1,d_k,c) -> (..,T,c)
+            if bias5 is not None:
+                scores += bias5[..., slice(None) if bias5.shape[-1] == 1 else slice(s0, s1)]
+            if allowed is not None:
+                np.copyto(scores, -np.inf, where=~allowed)
+            state = _update(state, scores, v[..., s0:s1, :])
+            _tally(stats, "chunks")
+        elif s1 > s0:
+            _tally(stats, "skipped")  # every key of the chunk is ruled out: never read
         parts.append(_partial(state))  # each chunk hands over its normalised (out, lse)
     out, lse = functools.reduce(lambda a, b: merge_partials(*a, *b), parts)  # the combine step
+    out, lse = out.reshape(B, h, T, -1), lse.reshape(B, h, T)  # (B, h, T, d_v), (B, h, T)
     return out.astype(out_dtype, copy=False), lse.astype(dtype)  # out rounded once; lse working dtype
+
+
+def _grouped(a4: np.ndarray, g: int) -> np.ndarray:
+    """(B|1, h|1, T|1, S|1) -> (B|1, h_kv|1, g|1, T|1, S|1): query heads grouped by their kv head."""
+    Bm, hm = a4.shape[:2]
+    return a4[:, :, None] if hm == 1 else a4.reshape(Bm, hm // g, g, *a4.shape[2:])
+
+
+def _tally(stats: dict | None, key: str) -> None:
+    """stats[key] += 1, if stats are kept."""
+    if stats is not None:
+        stats[key] = stats.get(key, 0) + 1
 
 
 def _partial(state: State) -> tuple[np.ndarray, np.ndarray]:
@@ -464,22 +604,23 @@ def _partial(state: State) -> tuple[np.ndarray, np.ndarray]:
     return out, lse
 
 
-def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int]:
-    """Check q (B, h, T, d_k), k (B, h, S, d_k), v (B, h, S, d_v); return (B, h, T, S, d_k)."""
+def _check_qkv(q: np.ndarray, k: np.ndarray, v: np.ndarray) -> tuple[int, int, int, int, int, int]:
+    """Check q (B, h, T, d_k), k (B, h_kv, S, d_k), v (B, h_kv, S, d_v); return (B, h, h_kv, T, S, d_k)."""
     for name, a in (("q", q), ("k", k), ("v", v)):
         _require_array(name, a)
     require_float("q", q)
     require_shape("q", q, (("B", None), ("h", None), ("T", None), ("d_k", None)))
     B, h, T, d_k = shape_of(q)
     require_float("k", k)
-    require_shape("k", k, (("B", B), ("h", h), ("S", None), ("d_k", d_k)))
-    S = shape_of(k)[2]
+    require_shape("k", k, (("B", B), ("h_kv", None), ("S", None), ("d_k", d_k)))
+    h_kv, S = shape_of(k)[1:3]
+    group(h, h_kv)  # h_kv must divide h
     require_float("v", v)
-    require_shape("v", v, (("B", B), ("h", h), ("S", S), ("d_v", None)))
+    require_shape("v", v, (("B", B), ("h_kv", h_kv), ("S", S), ("d_v", None)))
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k, v must share one dtype (as torch's SDPA requires), got {q.dtype}, "
                         f"{k.dtype}, {v.dtype}: convert with .astype(...)")
-    return B, h, T, S, d_k
+    return B, h, h_kv, T, S, d_k
 
 
 def _require_array(name: str, a: object) -> None:
@@ -496,23 +637,19 @@ def _require_offset(offset: int) -> int:
 
 def tile_schedule(T: int, S: int, block_q: int, block_k: int, causal: bool = True,
                   offset: int = 0) -> np.ndarray:
-    """(n_query_blocks, n_key_blocks) array of SKIPPED / PARTIAL / FULL, for the causal mask."""
+    """(n_query_blocks, n_key_blocks) array of SKIPPED / PARTIAL / FULL, for the causal mask.
+
+    The causal case of `MaskSpec.tile_kinds`: query t at position t + offset, key s at s; a tile
+    is SKIPPED when its first key comes after its last query, FULL when its last key comes no
+    later than its first query, PARTIAL when the diagonal cuts through it.
+    """
     T, S = require_int("T", T), require_int("S", S)
     block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
     causal, offset = require_bool("causal", causal), _require_offset(offset)
-    nq, nk = -(-T // block_q), -(-S // block_k)
-    kinds = np.full((nq, nk), FULL, dtype=np.int8)
     if not causal:
-        return kinds
-    for i in range(nq):
-        t0, t1 = i * block_q, min((i + 1) * block_q, T)
-        for j in range(nk):
-            s0, s1 = j * block_k, min((j + 1) * block_k, S)
-            if s0 > t1 - 1 + offset:
-                kinds[i, j] = SKIPPED  # every key is after every query of the block
-            elif s1 - 1 > t0 + offset:
-                kinds[i, j] = PARTIAL  # the diagonal cuts through the tile
-    return kinds
+        return np.full((-(-T // block_q), -(-S // block_k)), FULL, dtype=np.int8)
+    spec = MaskSpec(offset + np.arange(T), np.arange(S), causal=True)  # the staircase, by positions
+    return spec.tile_kinds(block_q, block_k)[0]  # (n_query_blocks, n_key_blocks)
 
 
 def format_schedule(kinds: np.ndarray) -> str:

@@ -179,14 +179,14 @@ def _flash(q, k, v, mask, bias, **options) -> tuple[np.ndarray, None]:
     """The "flash" backend: the tiled kernel, walking the spec's tile schedule."""
     from . import flash  # flash builds on this module's compute_dtype and merge_partials
 
-    return flash.flash_attention(q, k, v, mask=_dense(mask), **options)[0], None
+    return flash.flash_attention(q, k, v, mask=mask, bias=bias, **options)[0], None
 
 
 def _split_kv(q, k, v, mask, bias, **options) -> tuple[np.ndarray, None]:
     """The "split_kv" backend: flash decoding, each key chunk masked from the spec."""
     from . import flash
 
-    return flash.split_kv_attention(q, k, v, mask=_dense(mask), **options)[0], None
+    return flash.split_kv_attention(q, k, v, mask=mask, bias=bias, **options)[0], None
 
 
 BACKENDS = Registry("numpy")
@@ -198,9 +198,9 @@ BACKENDS.register(Backend(
     note="steps 3-6 as the lessons write them; forms the (B, h, T, S) weights"))
 BACKENDS.register(Backend(
     "flash", "numpy", _flash,
-    supports=frozenset({"mask", "window", "documents"}),
+    supports=frozenset({"gqa", "bias", "mask", "window", "documents"}),
     note="tiled FlashAttention (lesson 12): online softmax, tiles outside the mask skipped"))
 BACKENDS.register(Backend(
     "split_kv", "numpy", _split_kv,
-    supports=frozenset({"mask", "window", "documents"}),
+    supports=frozenset({"gqa", "bias", "mask", "window", "documents"}),
     note="flash decoding: key chunks, each with its (out, lse), merged by merge_partials"))

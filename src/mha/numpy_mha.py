@@ -134,9 +134,9 @@ class MultiHeadAttention:
         q, k = compose.rotate(q, q_pos, self.options), compose.rotate(k, k_pos, self.options)
         if cache is not None:  # the past joins: k, v (B, h_kv, S_all, d_k), k_pos (B, S_all)
             k, v, k_pos = cache.update(k, v, np.broadcast_to(k_pos, (B, T)))
-        allowed = compose.allowed(q_pos, k_pos, causal, self.options.window, mask, B, self.n_heads)
+        spec = compose.mask_spec(q_pos, k_pos, causal, self.options.window, mask, B, self.n_heads)
         bias = compose.alibi(self.options, self.n_heads, q_pos, k_pos)  # None without ALiBi
-        heads, self.attn = attention(q, k, v, allowed, bias, backend=backend)  # 3-6) on the backend
+        heads, self.attn = attention(q, k, v, spec, bias, backend=backend)  # 3-6) on the backend
         merged = steps.merge_heads(heads)  # 7) (B, h, T, d_k) -> (B, T, d_model) ...
         return steps.linear(merged, self.Wo, self.bo)  # ... then the output projection
 
