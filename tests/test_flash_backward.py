@@ -8,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, flash, grad, steps
+from mha import bench, flash, grad, masking, steps
 from tests.test_flash import EDGE, causal_edges, edge_case, planted
 
 
@@ -207,10 +207,10 @@ def test_the_backward_tile_skip_at_its_edge(case, seed):
     assert _backward_edge_error(T, S, offset, bq, bk, dead, seed) < 1e-12
 
 
-BACKWARD_SKIP = "if s0 > t1 - 1 + offset:"  # in tile_schedule, the rule both loops follow
+BACKWARD_SKIP = "none = none | (k_lo > q_hi)"  # MaskSpec.tile_kinds: the rule both loops follow
 BACKWARD_OFF_BY_ONE = {
     "drops the query block whose last query sees s0": BACKWARD_SKIP.replace(">", ">="),
-    "reads a query block that sees none of the keys": BACKWARD_SKIP.replace("t1 - 1 + offset", "t1 + offset"),
+    "reads a query block that sees none of the keys": BACKWARD_SKIP.replace("q_hi", "q_hi + 1"),
 }
 
 
@@ -218,15 +218,52 @@ BACKWARD_OFF_BY_ONE = {
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_backward_skip_off_by_one(wrong, monkeypatch):
     assert _backward_edge_error(*EDGE) < 1e-12
-    right, bad = flash.tile_schedule, planted(flash.tile_schedule, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong])
+    right = masking.MaskSpec.tile_kinds
+    bad = planted(right, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong], masking)
     backward = flash.flash_attention_backward
 
     def backward_on_the_bad_schedule(*args, **kwargs):  # the forward keeps the right one
-        monkeypatch.setattr(flash, "tile_schedule", bad)
+        monkeypatch.setattr(masking.MaskSpec, "tile_kinds", bad)
         try:
             return backward(*args, **kwargs)
         finally:
-            monkeypatch.setattr(flash, "tile_schedule", right)
+            monkeypatch.setattr(masking.MaskSpec, "tile_kinds", right)
 
     monkeypatch.setattr(flash, "flash_attention_backward", backward_on_the_bad_schedule)
     assert _backward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"
+
+
+@settings(max_examples=40, deadline=None)
+@given(h_kv=st.integers(1, 3), g=st.integers(1, 3), T=st.integers(1, 12), S=st.integers(1, 14),
+       bq=st.integers(1, 6), bk=st.integers(1, 6), window=st.one_of(st.none(), st.integers(1, 5)),
+       biased=st.booleans(), seed=st.integers(0, 2**16))
+def test_gqa_bias_and_window_gradients_equal_torch_autograd(h_kv, g, T, S, bq, bk, window, biased, seed):
+    """Grouped heads (dk, dv summed over the g query heads of a kv head), a constant bias, a band."""
+    rng = np.random.default_rng(seed)
+    h = h_kv * g
+    q, dout = rng.normal(size=(2, h, T, 3)), rng.normal(size=(2, h, T, 3))
+    k, v = rng.normal(size=(2, h_kv, S, 3)), rng.normal(size=(2, h_kv, S, 3))
+    bias = rng.normal(size=(1, h, T, S)) if biased else None
+    spec = masking.MaskSpec.plain(T, S, causal=True, aligned="bottom_right", window=window)
+    out, lse = flash.flash_attention(q, k, v, mask=spec, bias=bias, block_q=bq, block_k=bk)
+    got = flash.flash_attention_backward(q, k, v, out, lse, dout, mask=spec, bias=bias, block_q=bq,
+                                         block_k=bk)
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    kk, vv = (t.repeat_interleave(g, dim=1) for t in leaves[1:])  # (2, h, S, 3): head i reads i // g
+    scores = leaves[0] @ kk.transpose(-1, -2) / math.sqrt(3) + (0 if bias is None else torch.tensor(bias))
+    t_pos, s_pos = torch.arange(T)[:, None] + S - T, torch.arange(S)[None, :]  # bottom-right positions
+    ok = (s_pos <= t_pos) & (True if window is None else t_pos - s_pos < window)  # (T, S)
+    weights = torch.nan_to_num(torch.softmax(scores.masked_fill(~ok, float("-inf")), -1), nan=0.0)
+    want = torch.autograd.grad(weights @ vv, leaves, torch.tensor(dout))
+    assert [g_.shape for g_ in got] == [q.shape, k.shape, v.shape]
+    assert _max_err(got, [w.numpy() for w in want]) < 1e-12
+
+
+def test_the_gqa_check_catches_dk_taken_from_one_query_head(monkeypatch):
+    """Planted: a kv head's dk from its first query head only, not the sum over the group."""
+    right = "dk_j += (ds.swapaxes(-1, -2) @ q[:, :, t0:t1]).sum(1, keepdims=True)"
+    monkeypatch.setattr(flash, "_tiled_backward", planted(
+        flash._tiled_backward, right, "dk_j += (ds.swapaxes(-1, -2) @ q[:, :, t0:t1])[:, :1]"))
+    with pytest.raises(AssertionError):
+        test_gqa_bias_and_window_gradients_equal_torch_autograd.hypothesis.inner_test(
+            h_kv=1, g=2, T=5, S=7, bq=2, bk=3, window=None, biased=False, seed=0)
