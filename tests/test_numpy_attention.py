@@ -289,3 +289,19 @@ def test_bad_inputs_are_refused_before_any_backend_runs():
         attention(q, np.zeros((1, 3, 5, 2)), np.zeros((1, 3, 5, 2)), backend="flash")
     with pytest.raises(TypeError, match="q must be a numpy array, got list"):
         attention([[0.0]], q, q)
+
+
+@pytest.mark.parametrize("window", [None, 3])
+def test_generation_on_the_flash_backend_writes_the_reference_tokens(window):
+    """A left-padded batch, GQA, RoPE, a cache: prefill tiled, every decoding step split-KV."""
+    from mha import generate, train
+
+    model = train.TinyTransformer(vocab=12, T=16, d_model=16, n_heads=4, n_layers=2, causal=True,
+                                  seed=0, n_kv_heads=2, rope="half", window=window)
+    prompts = [[1, 2, 3], [4, 5, 6, 7, 8, 9], [10, 11, 1, 2]]
+    want = generate.generate(generate.NumpyTinyTransformer(model), prompts, 8)
+    twin = generate.NumpyTinyTransformer(model, backend="flash")
+    assert {a.backend for a in twin.attention_layers} == {"flash"}
+    with mock.patch.object(flash, "split_kv_attention", wraps=flash.split_kv_attention) as split:
+        np.testing.assert_array_equal(generate.generate(twin, prompts, 8), want)
+    assert split.call_count == 2 * 7  # two layers, seven one-token steps after the prefill

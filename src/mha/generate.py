@@ -41,9 +41,12 @@ def layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float =
 
 
 class NumpyTinyTransformer:
-    """The numpy twin of an attention-only TinyTransformer: same weights, same logits (float64)."""
+    """The numpy twin of an attention-only TinyTransformer: same weights, same logits (float64).
 
-    def __init__(self, model: Any, dtype=np.float64):
+    `backend` names the attention kernel of every layer (`numpy_attention.BACKENDS`).
+    """
+
+    def __init__(self, model: Any, dtype=np.float64, backend: str = "reference"):
         missing = [a for a in ("tok", "pos", "blocks", "ln_f", "head", "vocab", "T", "causal")
                    if not hasattr(model, a)]
         if missing:
@@ -59,6 +62,8 @@ class NumpyTinyTransformer:
         self.pos = None if model.pos is None else arr(model.pos.weight)  # (T, d_model) or None
         self.blocks = [(arr(b.ln1.weight), arr(b.ln1.bias), b.attn.to_numpy(dtype))
                        for b in model.blocks]
+        for _, _, attn in self.blocks:  # "flash": tiled prefill, split-KV decoding (numpy_attention)
+            attn.set_backend(backend)
         self.ln_f = (arr(model.ln_f.weight), arr(model.ln_f.bias))
         self.head = (arr(model.head.weight).T, arr(model.head.bias))  # (d_model, V), (V,)
 

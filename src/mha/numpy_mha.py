@@ -77,7 +77,7 @@ class MultiHeadAttention:
         self.n_kv_heads = self.options.n_kv_heads
         self.group = self.n_heads // self.n_kv_heads  # g query heads per key/value head
         self.dtype = float_dtype(dtype)
-        self.backend = self._check_backend(backend)
+        self.set_backend(backend)
         rng = np.random.default_rng(require_int("seed", seed, minimum=0))
         # std 1/sqrt(d_model): each projected feature sums d_model products of unit-variance
         # inputs, so its variance stays ~1 instead of growing with the width.
@@ -153,6 +153,11 @@ class MultiHeadAttention:
     def allowed(self, B: int, T: int, S: int, causal: bool, mask) -> np.ndarray | None:
         """Combine `causal` and `mask` into one boolean array that broadcasts to (B, h, T, S)."""
         return compose.allowed(np.arange(T), np.arange(S), causal, None, mask, B, self.n_heads)
+
+    def set_backend(self, backend: str) -> str:
+        """Run steps 3-6 on `backend` from now on (refused, nothing changed, if it cannot serve)."""
+        self.backend = self._check_backend(backend)
+        return self.backend
 
     def _check_backend(self, backend: str) -> str:
         """backend, if it can serve this module's options (GQA, ALiBi, window) and dtype."""
