@@ -64,7 +64,9 @@ class MultiHeadAttention:
     gets: `n_kv_heads` (grouped-query / multi-query attention), `rope` ("half" or
     "interleaved"), `alibi`, `window` (a causal sliding window). `backend` names the kernel
     of steps 3-6 (`numpy_attention.BACKENDS`: "reference", "flash", "split_kv"); one that cannot
-    serve the options is refused here. Shapes: x (B, T, d_model) -> (B, T, d_model).
+    serve the options is refused here. With "flash", a one-token decoding step after a cache runs
+    "split_kv" (flash decoding: one query, so the keys are split instead of the queries).
+    Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
 
     def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64, *,
@@ -110,18 +112,12 @@ class MultiHeadAttention:
                 cache: KVCache | None = None, backend: str | None = None) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
-        `causal=True` lets a query see keys at positions <= its own. `mask` is boolean, True =
-        may attend, (T, S), (B, T, S) or (B|1, h|1, T, S), combined with the rest. `positions`
-        (T,) or (B, T) ints (default 0..T-1, or after the cache; negative = padding). `cache`
-        (self-attention only) keeps k, v for the next call. `backend` (default the module's)
-        runs steps 3-6; with "flash", a one-token step after a cache runs "split_kv" (flash
-        decoding: one query, so the keys are split instead). The weights stay on `self.attn`
-        when the backend forms them, else it holds None.
+        `causal=True` lets a query see keys at positions <= its own. `mask`: boolean, True = may
+        attend, (T, S), (B, T, S) or (B|1, h|1, T, S). `positions` (T,) or (B, T) ints (default
+        0..T-1, or after the cache; negative = padding). `cache` (self-attention) keeps k, v for
+        the next call; `backend` overrides the module's. Weights on `self.attn` (None if not formed).
         """
-        backend = self.backend if backend is None else self._check_backend(backend)
-        B, T, S = self._check_inputs(x, context, mask, cache)
-        if backend == "flash" and cache is not None and T == 1:
-            backend = "split_kv"  # flash decoding
+        B, T, S, backend = self._checked(x, context, mask, cache, backend)
         causal = compose.require_causal(causal, self.options.window)
         q_pos = compose.query_positions(positions, B, T, cache, x)  # (T,) or (B, T)
         k_pos = q_pos if context is None else np.arange(S)  # (T,)|(B, T), or the context's 0..S-1
@@ -166,6 +162,14 @@ class MultiHeadAttention:
                                    ("window", self.options.window is not None)) if used}
         BACKENDS.check(backend, Call(dtype=str(self.dtype), needs=frozenset(needs)))
         return backend
+
+    def _checked(self, x, context, mask, cache, backend) -> tuple[int, int, int, str]:
+        """(B, T, S) of checked inputs and the backend the call runs: "flash" decodes by split-KV."""
+        backend = self.backend if backend is None else self._check_backend(backend)
+        B, T, S = self._check_inputs(x, context, mask, cache)
+        if backend == "flash" and cache is not None and T == 1:
+            backend = "split_kv"  # flash decoding: one query, so the keys are split instead
+        return B, T, S, backend
 
     def _check_inputs(self, x, context, mask=None, cache=None) -> tuple[int, int, int]:
         B, T, S = require_query_and_context(x, context, self.d_model)
