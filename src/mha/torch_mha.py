@@ -212,6 +212,7 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         q, k = compose.rotate(q, q_pos, self.options), compose.rotate(k, k_pos, self.options)
         if cache is not None:  # the past joins: k, v (B, h_kv, S_all, d_k), k_pos (B, S_all)
             k, v, k_pos = cache.update(k, v, k_pos.expand(B, T))
+            q_pos, k_pos = _one_row(q_pos), _one_row(k_pos)  # (T,), (S_all,) when rows agree
         # one description of what may be attended; each backend lowers it (SDPA: no mask or
         # is_causal where exact, Flex: a BlockMask, the manual path: a dense mask)
         spec = compose.mask_spec(q_pos, k_pos, causal, self.options.window, _on(mask, x.device),
@@ -310,6 +311,14 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         if mask is not None and not torch_attention.is_spec(mask):  # a MaskSpec: compose checks it
             mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S
+
+
+def _one_row(pos: torch.Tensor) -> torch.Tensor:
+    """Positions (B, n) whose rows are all equal as one row (n,), so the mask spec can tell a
+    plain staircase (SDPA's is_causal) from per-sequence positions; else as they are."""
+    if pos.ndim == 2 and bool((pos == pos[:1]).all()):
+        return pos[0]  # (n,)
+    return pos
 
 
 def _on(mask, device) -> torch.Tensor | None:
