@@ -12,8 +12,9 @@ the part, is None (unknown rather than a guess).
     GPUS                         every row, in the order `lookup` tries their name patterns
     lookup(device_name)          the row for a `torch.cuda.get_device_name()`, or None
 
-Users: `traffic` (the roofline of lesson 12), `kv_cache.decode_step_cost` (lesson 13),
-`bench.gpu_peak_bf16_tflops` (the fraction of peak in benchmarks/sdpa_backends.py).
+Users: `traffic` (the roofline of 12_flash_attention.ipynb), `kv_cache.decode_step_cost`
+(13_kv_cache.ipynb), `bench.gpu_peak_bf16_tflops` (the fraction of peak in
+benchmarks/sdpa_backends.py).
 """
 
 from __future__ import annotations
