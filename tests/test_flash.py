@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import flash, numpy_attention, steps
+from mha import flash, masking, numpy_attention, steps
 
 
 def reference(q, k, v, causal=False, mask=None, offset=0):
@@ -535,20 +535,20 @@ def test_the_forward_tile_skip_at_its_edge(case, seed):
     assert _forward_edge_error(T, S, offset, bq, bk, dead, seed) <= 1e-12
 
 
-def planted(fn, old: str, new: str):
-    """A copy of a flash function with one piece of its source replaced: a planted bug."""
+def planted(fn, old: str, new: str, module=flash):
+    """A copy of a function of `module` with one piece of its source replaced: a planted bug."""
     import inspect
     import textwrap
     src = textwrap.dedent(inspect.getsource(fn))
     assert src.count(old) == 1, f"{old!r} is not (once) in {fn.__name__}"
-    namespace = dict(vars(flash))
+    namespace = dict(vars(module))
     exec(compile(src.replace(old, new), f"<planted {fn.__name__}>", "exec"), namespace)
     return namespace[fn.__name__]
 
 
-FORWARD_SKIP = "if s0 > t1 - 1 + offset:"  # in tile_schedule, the schedule _tiled follows
-FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "if s0 >= t1 - 1 + offset:",
-                      "reads a tile no query of the block may see": "if s0 > t1 + offset:"}
+FORWARD_SKIP = "none = none | (k_lo > q_hi)"  # in MaskSpec.tile_kinds: tile_schedule lowers to it
+FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "none = none | (k_lo >= q_hi)",
+                      "reads a tile no query of the block may see": "none = none | (k_lo > q_hi + 1)"}
 EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (lesson 15's case)
 
 
@@ -556,8 +556,8 @@ EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (le
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_forward_skip_off_by_one(wrong, monkeypatch):
     assert _forward_edge_error(*EDGE) <= 1e-12
-    monkeypatch.setattr(flash, "tile_schedule", planted(flash.tile_schedule, FORWARD_SKIP,
-                                                        FORWARD_OFF_BY_ONE[wrong]))
+    monkeypatch.setattr(masking.MaskSpec, "tile_kinds", planted(
+        masking.MaskSpec.tile_kinds, FORWARD_SKIP, FORWARD_OFF_BY_ONE[wrong], masking))
     assert _forward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"
 
 

@@ -62,11 +62,9 @@ class MultiHeadAttention:
     N(0, 1/d_model), applied as `x @ W` (in, out), and zero biases. With the defaults this is
     the seven steps of the lessons; the options (see `mha.compose`) only change what the core
     gets: `n_kv_heads` (grouped-query / multi-query attention), `rope` ("half" or
-    "interleaved"), `alibi`, `window` (a causal sliding window). `backend` names the kernel
-    of steps 3-6 (`numpy_attention.BACKENDS`: "reference", "flash", "split_kv"); one that cannot
-    serve the options is refused here. With "flash", a one-token decoding step after a cache runs
-    "split_kv" (flash decoding: one query, so the keys are split instead of the queries).
-    Shapes: x (B, T, d_model) -> (B, T, d_model).
+    "interleaved"), `alibi`, `window` (a causal sliding window); `backend`, steps 3-6's kernel
+    (`numpy_attention.BACKENDS`, refused here if it cannot serve them; "flash" decodes one token
+    after a cache by "split_kv": flash decoding). Shapes: x (B, T, d_model) -> (B, T, d_model).
     """
 
     def __init__(self, d_model: int, n_heads: int, seed: int = 0, dtype=np.float64, *,
