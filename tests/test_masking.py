@@ -291,6 +291,21 @@ def test_mask_mod_equals_dense(drawn):
     np.testing.assert_array_equal(got.numpy(), loop_allowed(**ref))
 
 
+@pytest.mark.parametrize("framework", ["numpy", "torch"])
+def test_pad_tokens_of_a_packed_row_read_nothing_and_are_never_read_in_every_lowering(framework):
+    lengths = torch.tensor([2, 3]) if framework == "torch" else [2, 3]
+    ids = document_ids(lengths, total=7)  # tokens 5, 6: document -1
+    want = loop_allowed(np.arange(7), np.arange(7), q_doc=ids, k_doc=ids)
+    assert not want[..., 5:, :].any() and not want[..., 5:].any()
+    packed = MaskSpec.packed(lengths, causal=False, total=7)  # pads: position -1 too
+    by_ids = MaskSpec(packed.k_pos * 0 + np.arange(7), np.arange(7), q_doc=ids, k_doc=ids)  # ids alone
+    for spec in (packed, by_ids):
+        np.testing.assert_array_equal(full_dense(spec, 1, 1), want)
+        got = create_mask(spec.mask_mod(), None, None, 7, 7, device="cpu").numpy()
+        np.testing.assert_array_equal(got, want)
+        assert (spec.tile_kinds(2, 2)[0, 2:, 3] == SKIPPED).all()  # pads' own tile: nothing to do
+
+
 def test_mask_mod_looks_up_positions_never_a_dense_table():
     """Only per-position tensors ride in the closure (none of T * S entries) unless a user mask is given."""
     T = S = 64
