@@ -101,9 +101,8 @@ class MultiHeadAttention:
         return (f"MultiHeadAttention(d_model={self.d_model}, n_heads={self.n_heads}, "
                 f"d_k={self.d_k}, dtype={self.dtype}{', ' + extra if extra else ''})")
 
-    def __call__(self, x, context=None, causal=False, mask=None, positions=None, cache=None,
-                 backend=None):
-        return self.forward(x, context, causal, mask, positions, cache, backend)
+    def __call__(self, x, context=None, causal=False, mask=None, **options):
+        return self.forward(x, context, causal, mask, **options)  # options: positions, cache, backend
 
     def forward(self, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
                 mask: np.ndarray | None = None, positions: np.ndarray | None = None,
