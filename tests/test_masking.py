@@ -244,6 +244,7 @@ def test_tile_kinds_never_skip_an_allowed_pair_nor_call_a_masked_tile_full(drawn
     want = loop_allowed(**ref)
     kinds = spec.tile_kinds(bq, bk)
     exact = loop_kinds(want, bq, bk)
+    assert kinds.shape[1:] == exact.shape[1:] and kinds.shape[0] in (1, exact.shape[0])
     kinds = np.broadcast_to(kinds, exact.shape)
     assert ((kinds == exact) | (kinds == PARTIAL)).all(), (kinds, exact)  # PARTIAL is always safe
     b = ref["B"] - 1

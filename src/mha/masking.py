@@ -30,6 +30,7 @@ Shape legend: B batch, h heads, T queries, S keys.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any
@@ -70,9 +71,11 @@ def as_numpy(x: Any) -> np.ndarray:
 
 def _like(x: Any, ref: Any) -> Any:
     """x in ref's framework (and on its device when torch); None stays None."""
-    if x is None or not is_torch(ref) or is_torch(x):
-        return x.to(ref.device) if is_torch(x) and is_torch(ref) else x
-    return torch.as_tensor(np.asarray(x), device=ref.device)
+    if x is None:
+        return None
+    if is_torch(ref):
+        return torch.as_tensor(x, device=ref.device)
+    return as_numpy(x)
 
 
 def _arange(n: int, like: Any) -> Any:
@@ -439,38 +442,50 @@ class MaskSpec:
         SKIPPED: no pair may attend (after the diagonal, left of a window's band, another
         document, all padding). FULL: every pair may. Tiles it cannot decide are PARTIAL.
         """
-        block_q, block_k = require_int("block_q", block_q), require_int("block_k", block_k)
+        bq, bk = require_int("block_q", block_q), require_int("block_k", block_k)
+        rules = [self._position_tiles(bq, bk)]  # each rule: (none allowed, all allowed) per tile
+        rules += [self._document_tiles(bq, bk)] if self.q_doc is not None else []
+        rules += [self._user_tiles(bq, bk)] if self.user is not None else []
+        none = functools.reduce(np.logical_or, [r[0] for r in rules])  # one rule forbids all
+        every = functools.reduce(np.logical_and, [r[1] for r in rules])  # every rule allows all
+        kinds = np.where(none, SKIPPED, np.where(every, FULL, PARTIAL)).astype(np.int8)
+        shape = (kinds.shape[0], -(-self.T // bq), -(-self.S // bk))
+        return np.broadcast_to(kinds, shape).copy()  # (B|1, nq, nk)
+
+    def _position_tiles(self, bq: int, bk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per tile (B|1, nq|1, nk): no pair / every pair allowed by padding, causal and window."""
         qp, kp = as_numpy(self.q_pos), as_numpy(self.k_pos)
-        kd = None if self.k_doc is None else as_numpy(self.k_doc)
-        k_real = kp >= 0 if kd is None else (kp >= 0) & (kd >= 0)  # (S,)|(B, S)
+        k_real = kp >= 0 if self.k_doc is None else (kp >= 0) & (as_numpy(self.k_doc) >= 0)
         big = np.iinfo(np.int64).max
-        q_lo, q_hi = _blocks(qp, block_q, np.min), _blocks(qp, block_q, np.max)  # (B|1, nq)
-        k_lo = _blocks(np.where(k_real, kp, big), block_k, np.min)  # (B|1, nk): real keys only
-        k_hi = _blocks(np.where(k_real, kp, -big), block_k, np.max)
-        n_real = _blocks(k_real.astype(np.int64), block_k, np.sum)  # (B|1, nk)
-        q_lo, q_hi, k_lo, k_hi = q_lo[:, :, None], q_hi[:, :, None], k_lo[:, None], k_hi[:, None]
-        sizes = np.minimum(block_k, self.S - block_k * np.arange(n_real.shape[-1]))  # (nk,)
-        none = (n_real == 0)[:, None]  # (B|1, 1, nk): only padding in the key block
-        every = (n_real == sizes)[:, None]  # (B|1, 1, nk): no padding in the key block
+        q_lo = _blocks(qp, bq, np.min)[:, :, None]  # (B|1, nq, 1)
+        q_hi = _blocks(qp, bq, np.max)[:, :, None]
+        k_lo = _blocks(np.where(k_real, kp, big), bk, np.min)[:, None]  # (B|1, 1, nk): real keys
+        k_hi = _blocks(np.where(k_real, kp, -big), bk, np.max)[:, None]
+        n_real = _blocks(k_real.astype(np.int64), bk, np.sum)[:, None]  # (B|1, 1, nk)
+        none = n_real == 0  # only padding in the key block
+        every = n_real == np.minimum(bk, self.S - bk * np.arange(n_real.shape[-1]))  # no padding
         if self.causal:
             none = none | (k_lo > q_hi)  # every key after every query
             every = every & (k_hi <= q_lo)  # every key at or before every query
         if self.window is not None:
             none = none | (q_lo - k_hi >= self.window)  # left of the band
             every = every & (q_hi - k_lo < self.window)
-        if self.q_doc is not None:
-            qd = as_numpy(self.q_doc)
-            d = [_blocks(a, n, f) for a, n in ((qd, block_q), (kd, block_k)) for f in (np.min, np.max)]
-            qd_lo, qd_hi, kd_lo, kd_hi = d[0][:, :, None], d[1][:, :, None], d[2][:, None], d[3][:, None]
-            none = none | (qd_hi < kd_lo) | (kd_hi < qd_lo) | (qd_hi < 0)
-            every = every & (qd_lo == qd_hi) & (kd_lo == kd_hi) & (qd_lo == kd_lo) & (qd_lo >= 0)
-        if self.user is not None:
-            u = as_numpy(self.user).any(axis=1)  # (B|1, T, S): allowed for some head
-            ua = as_numpy(self.user).all(axis=1)  # (B|1, T, S): allowed for every head
-            none = none | (_blocks2(u, block_q, block_k, np.max) == 0)
-            every = every & (_blocks2(ua, block_q, block_k, np.min) == 1)
-        kinds = np.where(none, SKIPPED, np.where(every, FULL, PARTIAL)).astype(np.int8)
-        return kinds  # (B|1, nq, nk)
+        return none, every
+
+    def _document_tiles(self, bq: int, bk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per tile (B|1, nq, nk): no pair / every pair in one document, from the ids' ranges."""
+        qd, kd = as_numpy(self.q_doc), as_numpy(self.k_doc)
+        qd_lo, qd_hi = _blocks(qd, bq, np.min)[:, :, None], _blocks(qd, bq, np.max)[:, :, None]
+        kd_lo, kd_hi = _blocks(kd, bk, np.min)[:, None], _blocks(kd, bk, np.max)[:, None]
+        none = (qd_hi < kd_lo) | (kd_hi < qd_lo) | (qd_hi < 0)  # disjoint ids, or pad queries
+        every = (qd_lo == qd_hi) & (kd_lo == kd_hi) & (qd_lo == kd_lo) & (qd_lo >= 0)
+        return none, every
+
+    def _user_tiles(self, bq: int, bk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per tile (B|1, nq, nk): the user mask allows no pair for any head / every pair for all."""
+        u = as_numpy(self.user)  # (B|1, h|1, T, S)
+        some = _blocks2(u.any(axis=1), bq, bk, np.max) == 1  # (B|1, nq, nk)
+        return ~some, _blocks2(u.all(axis=1), bq, bk, np.min) == 1
 
     def block(self, t0: int, t1: int, s0: int, s1: int) -> Any:
         """The bool block (B|1, h|1, t1-t0, s1-s0) of queries t0:t1 and keys s0:s1; None if all allowed."""
