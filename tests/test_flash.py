@@ -546,7 +546,7 @@ def planted(fn, old: str, new: str, module=flash):
     return namespace[fn.__name__]
 
 
-FORWARD_SKIP = "none = none | (k_lo > q_hi)"  # in MaskSpec.tile_kinds: tile_schedule lowers to it
+FORWARD_SKIP = "none = none | (k_lo > q_hi)"  # MaskSpec.tile_kinds' causal rule: tile_schedule lowers to it
 FORWARD_OFF_BY_ONE = {"drops the tile whose first key is the last visible": "none = none | (k_lo >= q_hi)",
                       "reads a tile no query of the block may see": "none = none | (k_lo > q_hi + 1)"}
 EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (lesson 15's case)
@@ -556,8 +556,8 @@ EDGE = (29, 45, 7, 8, 6, 36)  # T, S, offset, blocks 8 x 6; keys 36.. unseen (le
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_forward_skip_off_by_one(wrong, monkeypatch):
     assert _forward_edge_error(*EDGE) <= 1e-12
-    monkeypatch.setattr(masking.MaskSpec, "tile_kinds", planted(
-        masking.MaskSpec.tile_kinds, FORWARD_SKIP, FORWARD_OFF_BY_ONE[wrong], masking))
+    monkeypatch.setattr(masking.MaskSpec, "_position_tiles", planted(
+        masking.MaskSpec._position_tiles, FORWARD_SKIP, FORWARD_OFF_BY_ONE[wrong], masking))
     assert _forward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"
 
 
