@@ -19,6 +19,13 @@ blocks to share out, so the keys are split into chunks instead, one state per ch
 in parallel), each normalised to (out, lse), then merged by `numpy_attention.merge_partials`,
 the one logsumexp merge (the form ring attention passes from device to device, too).
 
+Beyond the lesson's causal square, the same loop serves the numpy module as the "flash" backend
+of `numpy_attention.attention`: grouped-query heads (a key/value tile is loaded once for the g
+query heads that read it, never repeated in memory; the backward sums dk, dv over them), an
+additive bias (ALiBi) added tile by tile, and a `masking.MaskSpec` (positions: padding, windows,
+documents) lowered to its tile schedule, so tiles left of a window's band are skipped like those
+above the diagonal and FULL tiles get no mask work (`Tiles`, `_lowering`; `stats` counts them).
+
 Passes over the scores (`ScoreStream` counts them): the stable softmax reads a row three times
 (max, sum, normalise: `softmax_three_passes`); the online softmax finds max and sum in one pass
 and normalises in a second (`softmax_two_passes`); only fused with the weighted sum, the output
