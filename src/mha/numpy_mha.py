@@ -17,6 +17,7 @@ from . import compose, ledger, steps
 from .backends import Call
 from .kv_cache import KVCache
 from .ledger import LedgerRow, format_ledger  # noqa: F401  (re-exported for callers)
+from .masking import MaskSpec
 from .numpy_attention import BACKENDS, attention
 from .validate import (
     mask_shape,
@@ -179,6 +180,6 @@ class MultiHeadAttention:
                     f"dtype=np.{a.dtype})"
                 )
         compose.check_cache(self, cache, KVCache, B, T, context, mask)
-        if mask is not None:
+        if mask is not None and not isinstance(mask, MaskSpec):  # a MaskSpec: compose checks it
             mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S
