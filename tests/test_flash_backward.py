@@ -207,7 +207,7 @@ def test_the_backward_tile_skip_at_its_edge(case, seed):
     assert _backward_edge_error(T, S, offset, bq, bk, dead, seed) < 1e-12
 
 
-BACKWARD_SKIP = "none = none | (k_lo > q_hi)"  # MaskSpec.tile_kinds: the rule both loops follow
+BACKWARD_SKIP = "none = none | (k_lo > q_hi)"  # MaskSpec._position_tiles: the rule both loops follow
 BACKWARD_OFF_BY_ONE = {
     "drops the query block whose last query sees s0": BACKWARD_SKIP.replace(">", ">="),
     "reads a query block that sees none of the keys": BACKWARD_SKIP.replace("q_hi", "q_hi + 1"),
@@ -218,16 +218,16 @@ BACKWARD_OFF_BY_ONE = {
 @pytest.mark.filterwarnings("ignore:invalid value")
 def test_the_edge_check_catches_a_backward_skip_off_by_one(wrong, monkeypatch):
     assert _backward_edge_error(*EDGE) < 1e-12
-    right = masking.MaskSpec.tile_kinds
+    right = masking.MaskSpec._position_tiles
     bad = planted(right, BACKWARD_SKIP, BACKWARD_OFF_BY_ONE[wrong], masking)
     backward = flash.flash_attention_backward
 
     def backward_on_the_bad_schedule(*args, **kwargs):  # the forward keeps the right one
-        monkeypatch.setattr(masking.MaskSpec, "tile_kinds", bad)
+        monkeypatch.setattr(masking.MaskSpec, "_position_tiles", bad)
         try:
             return backward(*args, **kwargs)
         finally:
-            monkeypatch.setattr(masking.MaskSpec, "tile_kinds", right)
+            monkeypatch.setattr(masking.MaskSpec, "_position_tiles", right)
 
     monkeypatch.setattr(flash, "flash_attention_backward", backward_on_the_bad_schedule)
     assert _backward_edge_error(*EDGE) > 1e-3, f"the edge case could not tell: {wrong}"

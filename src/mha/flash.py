@@ -431,22 +431,25 @@ def _tiled(q: np.ndarray, k: np.ndarray, v: np.ndarray, tiles: Tiles, block_q: i
     scale = np.asarray(1.0 / math.sqrt(d_k), dtype=q.dtype)  # keeps float32 as float32
     for i, t0 in enumerate(range(0, T, block_q)):  # outer loop: one block of queries (FA-2 order)
         t1 = min(t0 + block_q, T)
-        qi = q[:, :, t0:t1] * scale  # (G, g, bq, d_k)
-        state = empty_state((G, g), t1 - t0, d_v, dtype)  # m, ell, acc of this block of queries
+        rows = g * (t1 - t0)  # the g query heads of a kv head stacked as rows: one matmul per tile
+        qi = (q[:, :, t0:t1] * scale).reshape(G, rows, d_k)  # (G, g, bq, d_k) -> (G, g bq, d_k)
+        state = empty_state((G,), rows, d_v, dtype)  # m, ell, acc of this block of queries
         for j, s0 in enumerate(range(0, S, block_k)):  # inner loop: stream keys and values
             kind = tiles.kinds[i, j]
             _count(stats, tiles.b, i, j, kind)
             if kind == SKIPPED:
                 continue  # no query of the block may see a key of this one: never computed
             s1 = min(s0 + block_k, S)
-            scores = qi @ k[:, :, s0:s1].swapaxes(-1, -2)  # (G,g,bq,d_k) @ (G,1,d_k,bk) -> (G,g,bq,bk)
+            scores = qi @ k[:, 0, s0:s1].swapaxes(-1, -2)  # (G, g bq, d_k) @ (G, d_k, bk) -> (G, g bq, bk)
+            per_head = scores.reshape(G, g, t1 - t0, s1 - s0)  # a view: (G, g, bq, bk)
             if tiles.bias is not None:
-                scores += tiles.bias(t0, t1, s0, s1)  # ALiBi: added after scaling, before the mask
+                per_head += tiles.bias(t0, t1, s0, s1)  # ALiBi: added after scaling, before the mask
             if kind == PARTIAL:  # a FULL tile gets no mask work at all
-                np.copyto(scores, -np.inf, where=~tiles.allowed(t0, t1, s0, s1))  # (G|1, g|1, bq, bk)
-            state = _update(state, scores, v[:, :, s0:s1])  # one v tile for the g heads
+                np.copyto(per_head, -np.inf, where=~tiles.allowed(t0, t1, s0, s1))  # (G|1, g|1, bq, bk)
+            state = _update(state, scores, v[:, 0, s0:s1])  # one v tile (G, bk, d_v) for the g heads
         # one division at the end; a row with nothing allowed (ell = 0) stays 0, like steps.softmax
-        out[:, :, t0:t1], lse[:, :, t0:t1] = _finish(state)
+        o, ls = _finish(state)  # (G, g bq, d_v), (G, g bq)
+        out[:, :, t0:t1], lse[:, :, t0:t1] = o.reshape(G, g, t1 - t0, d_v), ls.reshape(G, g, t1 - t0)
     return out, lse
 
 
