@@ -1,6 +1,6 @@
 """How the features beyond the toy hook into the seven steps, for the numpy and torch modules alike.
 
-The attention core (`numpy_mha.attention`, `torch_mha.attention`) takes q, k, v, a boolean
+The attention entry points (`numpy_attention.attention`, `torch_attention.attention`) take q, k, v, a
 mask and an additive bias, and nothing else. Every production feature becomes one of those
 inputs, computed here from token POSITIONS (the mask as one `masking.MaskSpec`, `mask_spec`,
 which each backend lowers: no mask or is_causal for SDPA, a BlockMask for Flex, tiles for flash):
