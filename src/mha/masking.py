@@ -13,18 +13,24 @@ Positions are (T,) / (S,) for the whole batch or (B, T) / (B, S) per sequence, n
 the spec keeps the framework it was given. Each backend asks for the form it can use:
 
     spec.dense()                    bool (B|1, h|1, T, S), or None when every key is allowed
+                                    (full=True: always the whole (B, H, T, S) array)
+    spec.all_allowed()              every key allowed? decided in O(T + S), no (T, S) array
     spec.sdpa_args()                (attn_mask, is_causal) for F.scaled_dot_product_attention:
                                     (None, True) for the exact top-left staircase, (None, False)
                                     when all is allowed (a decode step), else (dense(), False)
     spec.mask_mod()                 FlexAttention's mask_mod(b, h, q_idx, kv_idx): lookups in the
                                     per-position tensors, never a dense (T, S) table (but a user mask)
-    spec.block_mask(B, h, T, S)     the compiled BlockMask (create_block_mask), or None
+    spec.block_mask(B, h, T, S)     FlexAttention's BlockMask (create_block_mask; compile=True
+                                    builds it under torch.compile), or None
     spec.tile_kinds(bq, bk)         SKIPPED / PARTIAL / FULL per tile, from position ranges alone
     spec.block(t0, t1, s0, s1)      the bool block (B|1, h|1, t1-t0, s1-s0) of one tile, or None if FULL
     spec.tile(b, t0, t1, s0, s1)    the same for batch item b as (t1-t0, s1-s0)
 
 Builders: `MaskSpec.plain(T, S, causal)`, `MaskSpec.padded(lengths, T)` (right padding),
-`MaskSpec.packed(lengths)` (documents from cu_seqlens-style lengths), `packed_positions(lengths)`.
+`MaskSpec.packed(lengths)` (documents from cu_seqlens-style lengths), `packed_positions(lengths)`
+and `document_ids(lengths)`; `spec.with_(...)` changes fields. The lessons' masks
+(`masks.padding_mask`, `masks.sliding_window_mask`), the modules' (`compose.mask_spec`), Flex's
+(`positions.flex_spec`) and flash's tile schedule (`flash.tile_schedule`) are lowerings of it.
 Shape legend: B batch, h heads, T queries, S keys.
 """
 
@@ -208,7 +214,8 @@ class MaskSpec:
 
         Give cu_seqlens-style `lengths` (L_0, L_1, ...) or the `doc_ids` (T,)|(B, T) directly.
         `total` pads the row to that many tokens (document -1: read by none, reading none).
-        Positions restart at 0 in each document (`packed_positions`), as RoPE wants.
+        Positions restart at 0 in each document (`packed_positions`): each document sees the
+        positions it would see alone.
         """
         if (lengths is None) == (doc_ids is None):
             raise ValueError("packed needs exactly one of lengths (per document) or doc_ids "
