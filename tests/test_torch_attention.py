@@ -155,12 +155,15 @@ def test_gradients_are_refused_by_the_backends_without_a_backward():
     assert q.grad is not None
 
 
-def test_grouped_heads_go_to_the_kernels_that_take_them():
-    q, k = torch.zeros(1, 4, 4, 16), torch.zeros(1, 2, 4, 16)
-    with pytest.raises(ValueError, match=re.escape("lacks grouped-query heads (h_kv < h)")):
-        attention(q, k, k, backend="triton")
+def test_grouped_heads_run_on_every_backend_and_must_divide_the_query_heads():
+    g = torch.Generator().manual_seed(4)
+    q = torch.randn(1, 4, 6, 16, generator=g, dtype=torch.float64)
+    k, v = (torch.randn(1, 2, 6, 16, generator=g, dtype=torch.float64) for _ in range(2))
+    want = reference(q, k, v, None, None)
+    for name in BACKENDS.names():
+        assert float((attention(q, k, v, backend=name)[0] - want).abs().max()) < 1e-12, name
     with pytest.raises(ValueError, match=r"h_kv that divides q's h=4 \(grouped-query attention\), got h_kv=3"):
-        attention(q, torch.zeros(1, 3, 4, 16), torch.zeros(1, 3, 4, 16))
+        attention(q, *torch.zeros(2, 1, 3, 6, 16, dtype=torch.float64))
 
 
 def test_bad_names_options_and_shapes_are_refused_clearly():
@@ -229,9 +232,7 @@ def test_the_module_on_each_backend_equals_the_manual_module(backend):
 def test_a_triton_module_refuses_what_its_kernel_lacks():
     with pytest.raises(ValueError, match=re.escape("lacks an additive bias (ALiBi)")):
         MultiHeadAttention(32, 2, alibi=True, backend="triton")
-    with pytest.raises(ValueError, match=re.escape("lacks grouped-query heads")):
-        MultiHeadAttention(32, 2, n_kv_heads=1, backend="triton")
-    m = MultiHeadAttention(32, 2, backend="triton")
+    m = MultiHeadAttention(32, 2, n_kv_heads=1, backend="triton")  # grouped heads: served
     with torch.no_grad(), pytest.raises(ValueError, match="lacks an arbitrary boolean mask"):
         m(torch.randn(1, 4, 32), mask=torch.ones(4, 4, dtype=torch.bool))
 

@@ -128,6 +128,19 @@ def test_drawn_shapes_offsets_and_blocks_match_the_float64_reference(case, causa
                     f"T={T}, S={S}, causal={causal}, offset={offset}, blocks {block_q} x {block_k}")
 
 
+@pytest.mark.parametrize("h_kv", [1, 2])
+def test_grouped_query_heads_read_their_shared_head_in_place(h_kv):
+    """h_kv < h: query head j reads key/value head j // (h / h_kv), as repeat_kv lays them out."""
+    q, k, v = _qkv(20, 24, h=4, seed=3, dtype=torch.float64)
+    k, v = k[:, :h_kv], v[:, :h_kv]  # (B, h_kv, S, d)
+    g = 4 // h_kv
+    out, lse = triton_flash.flash_forward(q, k, v, causal=True, offset=4, block_q=16, block_k=16)
+    want, want_lse = _reference(q, k.repeat_interleave(g, 1), v.repeat_interleave(g, 1), True, 4)
+    _assert_matches(out, lse, want, want_lse, f"h_kv={h_kv}")
+    wrong, _ = _reference(q, k.repeat(1, g, 1, 1), v.repeat(1, g, 1, 1), True, 4)  # heads tiled
+    assert h_kv == 1 or _max_abs(out.double() - wrong) > 1e-3, "the check can tell the head order"
+
+
 def test_float32_within_the_tolerance_of_float32_sdpa():
     q, k, v = _qkv(96, 96, d=32, seed=3)
     golden = F.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=True)
@@ -312,7 +325,7 @@ def _ttir_dots(kernel, dtype: str, constexprs: dict) -> list[str] | None:
         from triton.compiler.compiler import ASTSource, make_backend
     except ImportError:  # a triton whose internals moved: nothing to inspect (the tests skip)
         return None
-    signature = {n: ("constexpr" if n in constexprs else "i32" if n in ("T", "S", "offset")
+    signature = {n: ("constexpr" if n in constexprs else "i32" if n in ("T", "S", "offset", "H", "GROUP")
                      else "fp32" if n == "scale" else f"*{dtype}") for n in kernel.arg_names}
     target = GPUTarget("cuda", 90, 32)
     backend = make_backend(target)

@@ -15,7 +15,7 @@ lowers its own way. `bias` is added to the scaled scores (ALiBi). The backends (
              ALiBi as a score_mod; compiled with torch.compile where it can be (compile=False
              keeps the eager, readable path)
     triton   `mha.triton_flash.flash_forward`, the tiled kernel of lesson 12 in Triton: plain or
-             causal attention only; interpreted on the CPU
+             causal attention (grouped-query heads too), nothing else; interpreted on the CPU
 
 A call that needs what a backend lacks is refused before any work, naming what is lacking
 and which backends could serve it (`mha.backends`). The helpers every backend shares live
@@ -319,6 +319,14 @@ def _compiled_flex():
     return torch.compile(flex_attention)
 
 
+@functools.cache
+def _compiled_create_block_mask():
+    """create_block_mask under torch.compile (the first call compiles; then tens of ms at T = 2048)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    return torch.compile(create_block_mask)
+
+
 def flex_compiles(q: torch.Tensor) -> bool:
     """True when compiled FlexAttention takes q's dtype on its device (CPU: no float64)."""
     return q.device.type == "cuda" or q.dtype in FLEX_COMPILED_DTYPES
@@ -357,14 +365,22 @@ def _bias_score_mod(bias: torch.Tensor, B: int, h: int, T: int, S: int):
     return mod
 
 
-def flex_block_mask(mask: Any, B: int, h: int, T: int, S: int, device: torch.device):
-    """The BlockMask of a MaskSpec (its mask_mod) or a dense boolean mask (a lookup); None for no mask."""
+def flex_block_mask(mask: Any, B: int, h: int, T: int, S: int, device: torch.device,
+                    compile: bool = False):
+    """The BlockMask of a MaskSpec (its mask_mod; built compiled when `compile`) or of a dense
+    boolean mask (a lookup); None for no mask."""
     from torch.nn.attention.flex_attention import create_block_mask
 
     if mask is None:
         return None
-    if is_spec(mask):
-        return mask.block_mask(B, h, T, S, device)
+    if is_spec(mask) and not compile:
+        return mask.block_mask(B, h, T, S, device)  # eager: forms the (T, S) mask once
+    if is_spec(mask):  # the spec's own mask_mod and batch / head broadcast, built compiled
+        if mask.all_allowed():
+            return None
+        return _compiled_create_block_mask()(mask.mask_mod(device), mask.B if mask.B > 1 else None,
+                                             mask.H if mask.H > 1 else None, T, S,
+                                             device=str(device))
     allowed = _dense(mask, B, h, T, S, device)  # (B|1, h|1, T, S)
     Bm, Hm = allowed.shape[:2]
     return create_block_mask(_lookup_mask_mod(allowed), B if Bm > 1 else None,
@@ -390,7 +406,7 @@ def _run_flex(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bias
         raise ValueError("give flex either bias= (a tensor) or score_mod=, not both")
     if bias is not None:
         score_mod = _bias_score_mod(bias, B, h, T, S)
-    block_mask = flex_block_mask(mask, B, h, T, S, q.device)
+    block_mask = flex_block_mask(mask, B, h, T, S, q.device, compile)
     run = _compiled_flex() if compile else flex_attention
     out = run(q, k, v, score_mod=score_mod, block_mask=block_mask,
               enable_gqa=k.shape[1] != h)  # (B, h, T, d_k)
@@ -437,7 +453,7 @@ BACKENDS.register(Backend(
          "no CPU backward"))
 BACKENDS.register(Backend(
     "triton", "torch", _run_triton,
-    supports=frozenset(),
+    supports=frozenset({"gqa"}),
     devices=("cpu", "cuda"), dtypes=ALL_DTYPES, available=triton_flash.available,
     note="lesson 12's tiled kernel in Triton; plain or causal only; interpreted on CPU"))
 

@@ -3,7 +3,7 @@
 The same loop as `flash._tiled`, written for a GPU: each program loads one block of queries,
 streams the key/value tiles (none above the diagonal when causal), keeps the running max `m`,
 the sum `ell` and the unnormalised output `acc` in float32 registers, and writes the output and
-the row logsumexp once. Scores and accumulation are float32 whatever the inputs' dtype (mixed
+the row logsumexp once (grouped-query heads read their shared key/value head in place). Scores and accumulation are float32 whatever the inputs' dtype (mixed
 precision, as `torch_attention.compute_dtype` does); P is cast to the values' dtype for the P V
 matmul, as FlashAttention does. Every `tl.dot` asks for `input_precision="ieee"`: on a GPU,
 float32 tiles are then multiplied in float32, where Triton's default would round them to TF32
@@ -80,7 +80,7 @@ def _kernel(interpret: bool):
     with _triton_mode(interpret):
 
         @triton.jit
-        def flash_forward_kernel(Q, K, V, Out, LSE, T, S, offset, scale,
+        def flash_forward_kernel(Q, K, V, Out, LSE, T, S, offset, scale, H, GROUP,
                                  CAUSAL: tl.constexpr, BLOCK_Q: tl.constexpr,
                                  BLOCK_K: tl.constexpr, D: tl.constexpr, UPCAST: tl.constexpr):
             # Row max and row sum by tl.reduce with triton's own combine functions, not tl.max /
@@ -88,6 +88,7 @@ def _kernel(interpret: bool):
             # interpreter would refuse them in a process whose triton was imported for compiling.
             i = tl.program_id(0)  # which block of queries
             bh = tl.program_id(1)  # which (batch, head)
+            kv = (bh // H) * (H // GROUP) + (bh % H) // GROUP  # the key/value head it shares (GQA)
             rows = i * BLOCK_Q + tl.arange(0, BLOCK_Q)  # (BLOCK_Q,) query positions
             dims = tl.arange(0, D)  # (D,)
             q = tl.load(Q + bh * T * D + rows[:, None] * D + dims[None, :],
@@ -102,7 +103,7 @@ def _kernel(interpret: bool):
                 hi = tl.minimum(S, (i + 1) * BLOCK_Q + offset)
             for s0 in range(0, hi, BLOCK_K):
                 cols = s0 + tl.arange(0, BLOCK_K)  # (BLOCK_K,) key positions
-                k = tl.load(K + bh * S * D + cols[:, None] * D + dims[None, :],
+                k = tl.load(K + kv * S * D + cols[:, None] * D + dims[None, :],
                             mask=cols[:, None] < S, other=0.0)  # (BLOCK_K, D)
                 if UPCAST:
                     k = k.to(tl.float32)
@@ -116,7 +117,7 @@ def _kernel(interpret: bool):
                 p = tl.exp(scores - base[:, None])  # (BLOCK_Q, BLOCK_K); masked -> 0
                 alpha = tl.exp(m - base)  # rescales what was summed under the old max
                 ell = ell * alpha + tl.reduce(p, 1, tl.standard._sum_combine)
-                v = tl.load(V + bh * S * D + cols[:, None] * D + dims[None, :],
+                v = tl.load(V + kv * S * D + cols[:, None] * D + dims[None, :],
                             mask=cols[:, None] < S, other=0.0)  # (BLOCK_K, D)
                 if UPCAST:
                     v = v.to(tl.float32)
@@ -158,17 +159,18 @@ def interpreted(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int, int, int, int]:
-    """Check q (B, h, T, d_k) and k, v (B, h, S, d_k) tensors of one float dtype; return (B, h, T, S, d_k)."""
+    """Check q (B, h, T, d_k) and k, v (B, h_kv, S, d_k) (h_kv dividing h) of one float dtype; return (B, h, T, S, d_k)."""
     _require_tensors(q, k, v)
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.dtype not in DTYPES:
             raise TypeError(f"{name} must be float16, bfloat16, float32 or float64, got {t.dtype}")
     if not q.dtype == k.dtype == v.dtype:
         raise TypeError(f"q, k and v must share one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
-    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or q.shape[:2] != k.shape[:2] \
+    if q.ndim != 4 or k.ndim != 4 or k.shape != v.shape or q.shape[0] != k.shape[0] \
+            or q.shape[1] % max(k.shape[1], 1) or (k.shape[1] == 0) != (q.shape[1] == 0) \
             or q.shape[-1] != k.shape[-1]:
-        raise ValueError(f"expected q (B, h, T, d_k) and k, v (B, h, S, d_k), got {tuple(q.shape)}, "
-                         f"{tuple(k.shape)}, {tuple(v.shape)}")
+        raise ValueError(f"expected q (B, h, T, d_k) and k, v (B, h_kv, S, d_k) with h_kv dividing "
+                         f"h, got {tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
     B, h, T, d = q.shape
     S = k.shape[2]
     _power_of_two("d_k", d, 16)
@@ -182,11 +184,13 @@ def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> tuple[int, int,
 def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False,
                   offset: int = 0, block_q: int = 64, block_k: int = 64
                   ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Steps 3-6 in the Triton kernel: q (B, h, T, d_k), k, v (B, h, S, d_k) -> (out (B, h, T, d_k), lse (B, h, T)).
+    """Steps 3-6 in the Triton kernel: q (B, h, T, d_k), k, v (B, h_kv, S, d_k) -> (out (B, h, T, d_k), lse (B, h, T)).
 
     The contract of `flash.flash_attention` (causal query t sees keys s <= t + offset; lse in
     float32, -inf for a row with no key), for d_k a power of two >= 16 and float16, bfloat16,
     float32 or float64 tensors, all on the CPU (interpreter) or all on one CUDA device.
+    Grouped-query heads (h_kv < h) are read in place: query head j uses key/value head
+    j // (h / h_kv), the order of `torch_attention.repeat_kv`; nothing is repeated in memory.
     """
     if not available():
         raise ModuleNotFoundError("mha.triton_flash needs the triton package: pip install triton")
@@ -207,7 +211,7 @@ def flash_forward(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: boo
     grid = (-(-T // block_q), B * h)  # one program per (query block, batch x head)
     on_device = contextlib.nullcontext() if interpret else torch.cuda.device(q.device)  # launch where they live
     with _triton_mode(interpret), on_device:
-        kernel[grid](qc, kc, vc, out, lse, T, S, offset, 1.0 / math.sqrt(d),
+        kernel[grid](qc, kc, vc, out, lse, T, S, offset, 1.0 / math.sqrt(d), h, h // k.shape[1],
                      CAUSAL=causal, BLOCK_Q=block_q, BLOCK_K=block_k, D=d,
                      UPCAST=interpret and q.dtype in (torch.bfloat16, torch.float16))
     return out, lse
