@@ -351,16 +351,17 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
     ],
     "A7_ring_attention": [
         ("cheat-merge", "a7-merge", "    lse = torch.logaddexp(lse_a, lse_b)  #",
-         "    from mha import parallel\n    return parallel.merge_partials(out_a, lse_a, out_b, lse_b)\n"
-         "    lse = torch.logaddexp(lse_a, lse_b)  #", "a7-merge-tests", "mha.parallel.merge_partials"),
+         "    from mha import torch_attention\n"
+         "    return torch_attention.merge_partials(out_a, lse_a, out_b, lse_b)\n"
+         "    lse = torch.logaddexp(lse_a, lse_b)  #", "a7-merge-tests", "mha.torch_attention.merge_partials"),
         ("cheat-rank-positions", "a7-positions", "    W = world_size\n",
          "    from mha.parallel import rank_positions\n    return rank_positions(T, world_size, 'zigzag')\n",
          "a7-positions-tests", "mha.parallel.rank_positions"),
         ("cheat-attention-lse", "a7-step", "    if causal:\n        allowed =",
-         "    from mha.torch_mha import attention_lse\n"
+         "    from mha.torch_attention import attention_lse\n"
          "    o, o_lse = attention_lse(q, k, v, k_pos[None, :] <= q_pos[:, None] if causal else None)\n"
          "    return merge_partials(out, lse, o, o_lse)\n    if causal:\n        allowed =",
-         "a7-step-tests", "mha.torch_mha.attention_lse"),
+         "a7-step-tests", "mha.torch_attention.attention_lse"),
         ("cheat-ring-attention", "a7-ring", "    T, W = q.shape[2], world_size\n",
          "    from mha import parallel\n    return parallel.ring_attention(q, k, v, world_size, layout, causal)[0]\n",
          "a7-ring-tests", "mha.parallel.ring_attention"),
