@@ -41,6 +41,7 @@ class Call:
     device: str = "cpu"  # "cpu" or "cuda"
     dtype: str = "float32"  # the inputs' dtype, by name: "float16", "bfloat16", "float32", "float64"
     needs: frozenset[str] = frozenset()  # a subset of FEATURES
+    d_k: int | None = None  # the head width, for backends that take only some widths
 
 
 @dataclass(frozen=True)
@@ -55,6 +56,8 @@ class Backend:
     dtypes: tuple[str, ...] = ("float16", "float32", "float64")
     available: Callable[[], bool] = field(default=lambda: True, repr=False, compare=False)
     note: str = ""  # one line for the table: what the kernel is
+    head_dims: tuple[Callable[[int], bool], str] | None = field(default=None, compare=False)
+    """(takes this d_k?, the widths it takes in words), for kernels compiled for some widths only."""
 
     def missing(self, call: Call) -> list[str]:
         """What this backend lacks for `call`, in words (empty when it can serve it)."""
@@ -63,6 +66,8 @@ class Backend:
             lacks.append(f"device {call.device!r} (it runs on {', '.join(self.devices)})")
         if call.dtype not in self.dtypes:
             lacks.append(f"dtype {call.dtype} (it takes {', '.join(self.dtypes)})")
+        if self.head_dims is not None and call.d_k is not None and not self.head_dims[0](call.d_k):
+            lacks.append(f"head width d_k={call.d_k} (it takes {self.head_dims[1]})")
         if not self.available():
             lacks.append("its package, which is not installed here")
         return lacks

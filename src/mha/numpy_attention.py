@@ -139,7 +139,8 @@ def call_needs(q: Any, k: Any, mask: Any = None, bias: Any = None, *, weights: b
         needs.add("mask")  # an arbitrary boolean array
     needs |= {f for f, wanted in (("weights", weights), ("dropout", dropout),
                                   ("backward", backward)) if wanted}
-    return Call(device="cpu", dtype=str(np.dtype(q.dtype)), needs=frozenset(needs))
+    return Call(device="cpu", dtype=str(np.dtype(q.dtype)), needs=frozenset(needs),
+                d_k=int(q.shape[-1]))
 
 
 def attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: Any = None,
@@ -199,7 +200,7 @@ BACKENDS.register(Backend(
 BACKENDS.register(Backend(
     "flash", "numpy", _flash,
     supports=frozenset({"gqa", "bias", "mask", "window", "documents"}),
-    note="tiled FlashAttention (lesson 12): online softmax, tiles outside the mask skipped"))
+    note="tiled FlashAttention (12_flash_attention.ipynb): online softmax, tiles outside the mask skipped"))
 BACKENDS.register(Backend(
     "split_kv", "numpy", _split_kv,
     supports=frozenset({"gqa", "bias", "mask", "window", "documents"}),

@@ -14,7 +14,7 @@ lowers its own way. `bias` is added to the scaled scores (ALiBi). The backends (
     flex     FlexAttention: the MaskSpec's BlockMask (mask_mod on positions, block-sparse),
              ALiBi as a score_mod; compiled with torch.compile where it can be (compile=False
              keeps the eager, readable path)
-    triton   `mha.triton_flash.flash_forward`, the tiled kernel of lesson 12 in Triton: plain or
+    triton   `mha.triton_flash.flash_forward`, the tiled kernel of 12_flash_attention.ipynb in Triton: plain or
              causal attention (grouped-query heads too), nothing else; interpreted on the CPU
 
 A call that needs what a backend lacks is refused before any work, naming what is lacking
@@ -228,7 +228,7 @@ def call_needs(q: torch.Tensor, k: torch.Tensor, mask: Any = None, bias: Any = N
     if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k)):
         needs.add("backward")
     dtype = str(q.dtype).removeprefix("torch.")
-    return Call(device=q.device.type, dtype=dtype, needs=frozenset(needs))
+    return Call(device=q.device.type, dtype=dtype, needs=frozenset(needs), d_k=int(q.shape[-1]))
 
 
 def _check_inputs(q: Any, k: Any, v: Any, mask: Any, bias: Any) -> None:
@@ -455,7 +455,8 @@ BACKENDS.register(Backend(
     "triton", "torch", _run_triton,
     supports=frozenset({"gqa"}),
     devices=("cpu", "cuda"), dtypes=ALL_DTYPES, available=triton_flash.available,
-    note="lesson 12's tiled kernel in Triton; plain or causal only; interpreted on CPU"))
+    head_dims=(lambda d: d >= 16 and d & (d - 1) == 0, "powers of two from 16"),
+    note="the tiled kernel of 12_flash_attention.ipynb in Triton; plain or causal only; interpreted on CPU"))
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any = None,

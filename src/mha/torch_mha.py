@@ -12,7 +12,7 @@ the seven steps map one to one (see 09_pytorch_port.ipynb):
     3-6) attention core   `torch_attention.attention(q, k, v, spec, bias, backend=...)` on a
                           named backend: "sdpa" (F.scaled_dot_product_attention), "manual"
                           (scores, mask, safe softmax, weights @ v; keeps .attn), "flex"
-                          (FlexAttention) or "triton" (lesson 12's kernel); the mask goes in
+                          (FlexAttention) or "triton" (12_flash_attention.ipynb's kernel); the mask goes in
                           as one `masking.MaskSpec` that each backend lowers its own way
     7) merge heads        .transpose(1, 2).reshape(B, T, d_model), then out_proj
 
