@@ -3,10 +3,10 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
-# Installs go through src/mha/install.py: uv where it can (same indexes as pip, about a
+# Installs go through tools/install.py: uv where it can (same indexes as pip, about a
 # minute instead of three on 2 cores), else pip; INSTALLER=pip never tries uv.
 INSTALLER ?= auto
-INSTALL := $(BIN)/python src/mha/install.py --with $(INSTALLER)
+INSTALL := $(BIN)/python tools/install.py --with $(INSTALLER)
 PORT   ?= 8888
 # Extra flags for jupyter lab, e.g. LAB_ARGS=--IdentityProvider.token=secret
 LAB_ARGS ?=
@@ -46,7 +46,7 @@ $(BIN)/python:
 # Which torch build: CPU=auto (default) installs torch's CPU-only wheel first (a few hundred MB,
 # so the pinned torch in requirements.txt is already satisfied and PyPI's CUDA build of several
 # GB is never fetched) on Linux without an NVIDIA driver, unless the package index already gives
-# a CPU build; src/mha/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
+# a CPU build; tools/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
 # PyPI's default build.
 CPU ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -55,7 +55,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 # Stamps: reinstall only when the requirement files or pyproject change.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 	@echo "Installing into $(VENV): a minute or a few the first time, with progress as it goes."
-	@if [ "$$($(BIN)/python src/mha/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \
+	@if [ "$$($(BIN)/python tools/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \
 	  $(INSTALL) --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)"; fi
 	$(INSTALL) -r requirements.txt
 	@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
@@ -99,7 +99,7 @@ lab: $(VENV)/.lab-installed $(LAB_OVERRIDES) nbgrader-ui
 test: $(VENV)/.dev-installed lint unit site-test
 
 lint: $(VENV)/.dev-installed
-	$(BIN)/ruff check src tests notebooks $(wildcard benchmarks)
+	$(BIN)/ruff check src tests notebooks tools $(wildcard benchmarks)
 
 # Unit tests and every notebook in one pytest run, so one summary line covers all. Its junit
 # report gives the site's checks page each notebook's runtime; the site's own browser test
@@ -112,7 +112,7 @@ unit: $(VENV)/.dev-installed nbgrader-ui
 
 # The series as a static website in $(SITE)/ (nbconvert, every asset served locally).
 site: $(VENV)/.dev-installed
-	$(BIN)/python -m mha.site $(SITE) --junit $(REPORTS)/junit.xml
+	$(BIN)/python -m tools.site $(SITE) --junit $(REPORTS)/junit.xml
 
 # Open the built site in headless Chromium (index -> lesson 08 -> 09, checks page), offline.
 site-test: site

@@ -1,4 +1,4 @@
-"""The torch attention entry point (mha.torch_attention) measured: what it hands SDPA, what it costs.
+"""The torch attention entry point (mha.attention.torch_attention) measured: what it hands SDPA, what it costs.
 
     python benchmarks/attention_api.py           # the figures of issue 29 (a few minutes on 2 cores)
     python benchmarks/attention_api.py --quick   # small sizes, for a smoke run
@@ -31,9 +31,11 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from mha import bench, compose, torch_attention
-from mha.masking import MaskSpec
-from mha.torch_mha import MultiHeadAttention
+from mha.attention import torch_attention
+from mha.attention.masking import MaskSpec
+from mha.modules import compose
+from mha.modules.torch_mha import MultiHeadAttention
+from mha.perf import bench
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 B, H, D_K = 1, 8, 64

@@ -1,4 +1,4 @@
-"""Blocks chosen from the shapes (mha.flash.choose_blocks) against torch's default CPU SDPA, one run.
+"""Blocks chosen from the shapes (mha.attention.flash.choose_blocks) against torch's default CPU SDPA, one run.
 
     python benchmarks/flash_blocks.py           # T = 2048, 11 rounds (about 2 minutes on 2 cores)
     python benchmarks/flash_blocks.py --quick   # T = 256, 3 rounds, for a smoke run
@@ -23,7 +23,8 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from mha import bench, flash
+from mha.attention import flash
+from mha.perf import bench
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 B, H, D_K = 1, 8, 64

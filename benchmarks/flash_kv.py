@@ -1,4 +1,4 @@
-"""Tiled numpy attention (mha.flash) and KV-cache decoding (mha.kv_cache), measured in one run.
+"""Tiled numpy attention (mha.attention.flash) and KV-cache decoding (mha.inference.kv_cache), measured in one run.
 
     python benchmarks/flash_kv.py           # the full sweep (a few minutes on 2 cores)
     python benchmarks/flash_kv.py --quick   # small sizes, for a smoke run
@@ -31,8 +31,10 @@ from tqdm.auto import tqdm
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from mha import bench, flash, kv_cache  # noqa: E402
-from mha.numpy_mha import MultiHeadAttention  # noqa: E402
+from mha.attention import flash
+from mha.inference import kv_cache
+from mha.modules.numpy_mha import MultiHeadAttention  # noqa: E402
+from mha.perf import bench  # noqa: E402
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 

@@ -4,7 +4,7 @@
     python benchmarks/generation.py --quick   # contexts 32, 128, for a smoke run
 
 For each model and context S: the seconds to compute the next token's logits after S tokens,
-with the cache (one token against S cached keys; `mha.generate.token_seconds` rolls the caches
+with the cache (one token against S cached keys; `mha.inference.generate.token_seconds` rolls the caches
 back after each timed step) and without it (one forward over all S + 1 tokens). Ratios within
 this run only; min / median / max over the timed calls. Issue 17's goal, never asserted: with the
 cache at least 100x faster at 1024 tokens. Writes benchmarks/results/generation.md.
@@ -18,7 +18,9 @@ import pathlib
 import torch
 from tqdm.auto import tqdm
 
-from mha import bench, generate, train
+from mha.inference import generate
+from mha.perf import bench
+from mha.training import train
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 MODELS = {  # name -> TinyTransformer arguments (causal, RoPE, GQA: the capstone's decoder)

@@ -196,7 +196,7 @@ def pytest_collection_modifyitems(config, items) -> None:
 
 # ---- probing the machine -----------------------------------------------------------------------
 def driver_present() -> bool:
-    """An NVIDIA driver here (nvidia-smi on PATH or the kernel module), as src/mha/torch_build.py."""
+    """An NVIDIA driver here (nvidia-smi on PATH or the kernel module), as tools/torch_build.py."""
     if os.environ.get(FORCE_ENV) == "none":
         return False
     return shutil.which("nvidia-smi") is not None or Path("/proc/driver/nvidia/version").exists()

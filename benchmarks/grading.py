@@ -22,7 +22,7 @@ from pathlib import Path
 
 import nbformat
 
-from mha.bench import machine_line
+from mha.perf.bench import machine_line
 
 ROOT = Path(__file__).resolve().parent.parent
 COURSE = ROOT / "notebooks" / "assignments"

@@ -3,7 +3,7 @@
     python benchmarks/llama_attention.py           # B=4, T=256 and 1024 (about a minute on 2 cores)
     python benchmarks/llama_attention.py --quick   # T=128 only, a smoke run
 
-Same weights (mha.hf.from_llama_attention), B=4, d_model=256, h=8, h_kv=2 (d_k=32), RoPE,
+Same weights (mha.modules.hf.from_llama_attention), B=4, d_model=256, h=8, h_kv=2 (d_k=32), RoPE,
 float32, causal, forward under torch.no_grad(), random tiny config (nothing from the Hub).
 Timed per call, in rounds (one call of each per round, so load bursts hit all alike):
   ours            module(x, causal=True): RoPE tables (numpy float64) made inside every call
@@ -31,8 +31,8 @@ from transformers import LlamaConfig
 from transformers.masking_utils import create_causal_mask
 from transformers.models.llama.modeling_llama import LlamaAttention, LlamaRotaryEmbedding
 
-from mha import bench
-from mha.hf import from_llama_attention
+from mha.modules.hf import from_llama_attention
+from mha.perf import bench
 
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 B, D_MODEL, H, H_KV = 4, 256, 8, 2

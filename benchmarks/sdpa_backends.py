@@ -14,7 +14,7 @@ load average, the table of ratios, min / median / max per call). The implementat
 turns, one call each per round; a forced backend's `sdpa_kernel` is entered and left outside
 the timed region (it costs tens of microseconds, a whole small call on a GPU). Ratios inside
 one run are the result; absolute times on shared machines swing 2-5x from run to run. On CUDA it also reports TFLOP/s (4*B*h*T^2*d_k, halved when causal)
-and the fraction of the GPU's dense bf16 peak where the GPU is in mha.bench's table.
+and the fraction of the GPU's dense bf16 peak where the GPU is in mha.perf.bench's table.
 """
 
 from __future__ import annotations
@@ -32,13 +32,13 @@ import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 from tqdm import tqdm  # noqa: E402
 
-from mha import bench  # noqa: E402
+from mha.perf import bench  # noqa: E402
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 RESULTS = pathlib.Path(__file__).resolve().parent / "results"
 METHOD = ("implementations interleaved, one call each per round, after 2 warm-ups; at least "
           "{repeats} timed calls and {min_time} s of calls each; a forced backend's sdpa_kernel "
-          "entered and left outside the timing (mha.bench.sdpa_timed); min / median / max kept, "
+          "entered and left outside the timing (mha.perf.bench.sdpa_timed); min / median / max kept, "
           "ratios from the min")
 STYLE = {"numpy": ("tab:blue", "s"), "manual": ("tab:orange", "^"), "math": ("tab:green", "o"),
          "flash": ("tab:red", "o"), "efficient": ("tab:brown", "o"), "cudnn": ("tab:pink", "o"),
@@ -217,7 +217,7 @@ def run_device(args, device: str) -> list[dict]:
             + ("" if math.isnan(r["frac_bf16_peak"]) else f" ({r['frac_bf16_peak']:.0%})")
             for r in rows)
         if bench.gpu_peak_bf16_tflops(info["gpu"]) is None:
-            extra += f"\n\nPeak for {info['gpu']}: unknown (not in the table mha.hardware.GPUS)."
+            extra += f"\n\nPeak for {info['gpu']}: unknown (not in the table mha.perf.hardware.GPUS)."
     md = (f"# SDPA benchmark, {device}\n\n"
           + "".join(f"- {k}: {v}\n" for k, v in info.items())
           + f"- shape: {shape}\n\n"

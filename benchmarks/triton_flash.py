@@ -1,4 +1,4 @@
-"""The Triton kernel (mha.triton_flash) against SDPA's flash backend on a GPU: bf16, causal, d_k = 128.
+"""The Triton kernel (mha.attention.triton_flash) against SDPA's flash backend on a GPU: bf16, causal, d_k = 128.
 
     python benchmarks/triton_flash.py            # writes benchmarks/results/triton_flash.md
 
@@ -16,7 +16,8 @@ import sys
 
 import torch
 
-from mha import bench, triton_flash
+from mha.attention import triton_flash
+from mha.perf import bench
 
 OUT = pathlib.Path(__file__).resolve().parent / "results" / "triton_flash.md"
 SHAPES = [(1, 16, T, 128) for T in (1024, 2048, 4096, 8192)]  # (B, h, T, d_k)

@@ -38,11 +38,11 @@ def attention_loops(mha, x, context=None, allowed=None) -> tuple[np.ndarray, np.
 
 
 def autograd_grads(module, x, dout, context=None, causal=False, mask=None, use_sdpa=False):
-    """The gradients of mha.grad.backward from torch autograd on the module's weights (float64)."""
+    """The gradients of mha.training.grad.backward from torch autograd on the module's weights (float64)."""
     import torch  # only the gradient tests need it
 
-    from mha.grad import Grads
-    from mha.torch_mha import MultiHeadAttention as TorchMHA
+    from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+    from mha.training.grad import Grads
 
     tm = TorchMHA.from_numpy(module, dtype=torch.float64, use_sdpa=use_sdpa)
     xt = torch.from_numpy(x).requires_grad_()

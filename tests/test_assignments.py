@@ -287,11 +287,11 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "import functools\n\nfrom mha import steps as st\n\ncausal_mask = functools.partial("
          "st.causal_mask)\n\n\ndef _unused(T):", "a1-mask-tests", "mha.steps.causal_mask"),
         ("cheat-other-module", "a1-scores", "    d_k = q.shape[-1]\n",
-         "    from mha import diagnose as d\n    return d._REAL['scaled_scores'](q, k)\n",
+         "    from mha_course import diagnose as d\n    return d._REAL['scaled_scores'](q, k)\n",
          "a1-scores-tests", "mha.steps.scaled_scores"),
         ("cheat-module-forward", "a1-forward", "    h = module.n_heads\n",
          "    return module(x, causal=causal)\n", "a1-forward-tests",
-         "mha.numpy_mha.MultiHeadAttention.__call__"),
+         "mha.modules.numpy_mha.MultiHeadAttention.__call__"),
         ("cheat-checks", "a1-rows", "    sums = np.sum(weights, axis=-1)\n",
          "    from mha import checks\n    try:\n        checks.check_rows_sum_to_one(weights, atol)\n"
          "        return True\n    except AssertionError:\n        return False\n",
@@ -302,19 +302,19 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "    return torch_module.load_numpy_(np_module)\n    pairs = [", "a2-load-tests",
          "load_numpy_"),
         ("cheat-mask-helper", "a2-mask", "    return ~allowed",
-         "    from mha import masks\n    return masks.combine(~allowed)", "a2-mask-tests",
-         "mha.masks"),
+         "    from mha.attention import masks\n    return masks.combine(~allowed)", "a2-mask-tests",
+         "mha.attention.masks"),
     ],
     "A3_find_the_bug": [
         ("cheat-fix-calls-package", "a3-fix-b", "return q @ k.swapaxes(-1, -2) / math.sqrt(d_k)",
          "return steps.scaled_scores(q, k)", "a3-fix-b-tests", "mha.steps.scaled_scores"),
         ("cheat-fix-real", "a3-fix-a", "def fix_A(x):",
-         "from mha import diagnose\n\nfix_A = diagnose._REAL['merge_heads']\n\n\ndef _unused(x):",
+         "from mha_course import diagnose\n\nfix_A = diagnose._REAL['merge_heads']\n\n\ndef _unused(x):",
          "a3-fix-a-tests", "mha.steps.merge_heads"),
     ],
     "A4_kv_cache": [
         ("cheat-decode-step", "a4-decode", "    h, t_new = module.n_heads, x_new.shape[1]\n",
-         "    from mha import kv_cache\n    return kv_cache.decode_step(module, cache, x_new)\n",
+         "    from mha.inference import kv_cache\n    return kv_cache.decode_step(module, cache, x_new)\n",
          "a4-decode-tests", "decode_step"),
         ("cheat-mask", "a4-mask", "return np.tril(np.ones((t_new, S), dtype=bool), k=S - t_new)",
          "return steps.causal_mask(t_new, S, offset=S - t_new)", "a4-mask-tests",
@@ -322,82 +322,82 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
     ],
     "A5_backward_pass": [
         ("cheat-step-backward", "a5-softmax", "    return weights * (dweights - wg)",
-         "    from mha import grad as g\n    return g.softmax_backward(dweights, weights)",
-         "a5-softmax-tests", "mha.grad.softmax_backward"),
+         "    from mha.training import grad as g\n    return g.softmax_backward(dweights, weights)",
+         "a5-softmax-tests", "mha.training.grad.softmax_backward"),
         ("cheat-whole-backward", "a5-backward", "    h = module.n_heads\n",
-         "    from mha import grad as g\n    return g.backward(module, x, dout, context=context, "
+         "    from mha.training import grad as g\n    return g.backward(module, x, dout, context=context, "
          "causal=causal, mask=mask)\n", "a5-backward-tests", "backward"),
     ],
     "A6_generation": [
         ("cheat-padded-positions", "a6-positions", "    lengths = np.asarray(lengths)[:, None]  # (B, 1)\n",
-         "    from mha import compose\n    return compose.padded_positions(np.asarray(lengths), T)\n",
-         "a6-positions-tests", "mha.compose.padded_positions"),
+         "    from mha.modules import compose\n    return compose.padded_positions(np.asarray(lengths), T)\n",
+         "a6-positions-tests", "mha.modules.compose.padded_positions"),
         ("cheat-generate", "a6-generate", "    B, T = tokens.shape\n",
-         "    from mha import generate as gen\n    return gen.generate(model, [[int(t) for t, p in "
+         "    from mha.inference import generate as gen\n    return gen.generate(model, [[int(t) for t, p in "
          "zip(row, pos) if p >= 0] for row, pos in zip(tokens, positions)], n_new)\n",
-         "a6-generate-tests", "mha.generate.generate"),
+         "a6-generate-tests", "mha.inference.generate.generate"),
         ("cheat-ring-kvcache", "a6-ring", "        t_new = k.shape[2]\n",
-         "        from mha.kv_cache import KVCache\n        if not hasattr(self, 'inner'):\n"
+         "        from mha.inference.kv_cache import KVCache\n        if not hasattr(self, 'inner'):\n"
          "            self.inner = KVCache(k.shape[0], k.shape[1], 10**6, k.shape[3], window=self.window)\n"
-         "        return self.inner.update(k, v, positions)\n", "a6-ring-tests", "mha.kv_cache"),
+         "        return self.inner.update(k, v, positions)\n", "a6-ring-tests", "mha.inference.kv_cache"),
         # issue 28: a class body that borrows the package's method (flagged when the class is defined)
         ("cheat-ring-borrows-update", "a6-ring", "    def update(self, k, v, positions):",
-         "    from mha import kv_cache as _kv\n    update = _kv._Cache.update\n\n"
-         "    def _unused(self, k, v, positions):", "a6-ring-tests", "mha.kv_cache._Cache.update"),
+         "    from mha.inference import kv_cache as _kv\n    update = _kv._Cache.update\n\n"
+         "    def _unused(self, k, v, positions):", "a6-ring-tests", "mha.inference.kv_cache._Cache.update"),
         ("cheat-bytes-formula", "a6-bytes", "    one_layer = 2 *",
-         "    from mha import generate as gen\n    return gen.cache_bytes_formula(n_layers, B, "
+         "    from mha.inference import generate as gen\n    return gen.cache_bytes_formula(n_layers, B, "
          "n_kv_heads, slots, d_k, itemsize)\n    one_layer = 2 *", "a6-bytes-tests",
-         "mha.generate.cache_bytes_formula"),
+         "mha.inference.generate.cache_bytes_formula"),
     ],
     "A7_ring_attention": [
         ("cheat-merge", "a7-merge", "    lse = torch.logaddexp(lse_a, lse_b)  #",
-         "    from mha import torch_attention\n"
+         "    from mha.attention import torch_attention\n"
          "    return torch_attention.merge_partials(out_a, lse_a, out_b, lse_b)\n"
-         "    lse = torch.logaddexp(lse_a, lse_b)  #", "a7-merge-tests", "mha.torch_attention.merge_partials"),
+         "    lse = torch.logaddexp(lse_a, lse_b)  #", "a7-merge-tests", "mha.attention.torch_attention.merge_partials"),
         ("cheat-rank-positions", "a7-positions", "    W = world_size\n",
-         "    from mha.parallel import rank_positions\n    return rank_positions(T, world_size, 'zigzag')\n",
-         "a7-positions-tests", "mha.parallel.rank_positions"),
+         "    from mha.parallel.ring import rank_positions\n    return rank_positions(T, world_size, 'zigzag')\n",
+         "a7-positions-tests", "mha.parallel.ring.rank_positions"),
         ("cheat-attention-lse", "a7-step", "    if causal:\n        allowed =",
-         "    from mha.torch_attention import attention_lse\n"
+         "    from mha.attention.torch_attention import attention_lse\n"
          "    o, o_lse = attention_lse(q, k, v, k_pos[None, :] <= q_pos[:, None] if causal else None)\n"
          "    return merge_partials(out, lse, o, o_lse)\n    if causal:\n        allowed =",
-         "a7-step-tests", "mha.torch_attention.attention_lse"),
+         "a7-step-tests", "mha.attention.torch_attention.attention_lse"),
         ("cheat-ring-attention", "a7-ring", "    T, W = q.shape[2], world_size\n",
-         "    from mha import parallel\n    return parallel.ring_attention(q, k, v, world_size, layout, causal)[0]\n",
-         "a7-ring-tests", "mha.parallel.ring_attention"),
+         "    from mha.parallel import ring as parallel\n    return parallel.ring_attention(q, k, v, world_size, layout, causal)[0]\n",
+         "a7-ring-tests", "mha.parallel.ring.ring_attention"),
         ("cheat-causal-work", "a7-pairs", "    if layout == \"zigzag\":\n",
-         "    from mha import parallel\n    return parallel.causal_work(T, world_size, layout)\n"
-         "    if layout == \"zigzag\":\n", "a7-pairs-tests", "mha.parallel.causal_work"),
-        # issue 28: thin wrappers round mha.parallel made by exec (their code lives in <string>)
+         "    from mha.parallel import ring as parallel\n    return parallel.causal_work(T, world_size, layout)\n"
+         "    if layout == \"zigzag\":\n", "a7-pairs-tests", "mha.parallel.ring.causal_work"),
+        # issue 28: thin wrappers round mha.parallel.ring made by exec (their code lives in <string>)
         ("cheat-exec-positions", "a7-positions", "def zigzag_positions(T, world_size):",
-         "from mha import parallel as _par\n\nexec(\"def zigzag_positions(T, world_size):\\n\"\n"
+         "from mha.parallel import ring as _par\n\nexec(\"def zigzag_positions(T, world_size):\\n\"\n"
          "     \"    return _par.rank_positions(T, world_size, 'zigzag')\\n\", globals())\n\n\n"
-         "def _unused(T, world_size):", "a7-positions-tests", "mha.parallel.rank_positions"),
+         "def _unused(T, world_size):", "a7-positions-tests", "mha.parallel.ring.rank_positions"),
         ("cheat-exec-pairs", "a7-pairs", "def causal_pairs(T, world_size, layout=\"contiguous\"):",
-         "from mha import parallel as _par\n\nexec(\"def causal_pairs(T, world_size, layout='contiguous'):\\n\"\n"
+         "from mha.parallel import ring as _par\n\nexec(\"def causal_pairs(T, world_size, layout='contiguous'):\\n\"\n"
          "     \"    return _par.causal_work(T, world_size, layout)\\n\", globals())\n\n\n"
-         "def _unused(T, world_size, layout=\"contiguous\"):", "a7-pairs-tests", "mha.parallel.causal_work"),
+         "def _unused(T, world_size, layout=\"contiguous\"):", "a7-pairs-tests", "mha.parallel.ring.causal_work"),
     ],
     "A8_flash_attention": [
         ("cheat-update", "a8-update", "    m_new = np.maximum(",
-         "    from mha import flash\n    return flash._update((m, ell, acc.copy()), scores.copy(), v_block)\n"
-         "    m_new = np.maximum(", "a8-update-tests", "mha.flash._update"),
+         "    from mha.attention import flash\n    return flash._update((m, ell, acc.copy()), scores.copy(), v_block)\n"
+         "    m_new = np.maximum(", "a8-update-tests", "mha.attention.flash._update"),
         ("cheat-flash-attention", "a8-forward", "    B, h, T, d_k = q.shape\n",
-         "    from mha import flash\n    return flash.flash_attention(q, k, v, causal=causal, block_q=block_q, "
+         "    from mha.attention import flash\n    return flash.flash_attention(q, k, v, causal=causal, block_q=block_q, "
          "block_k=block_k, offset=offset)\n    B, h, T, d_k = q.shape\n", "a8-forward-tests",
-         "mha.flash.flash_attention"),
+         "mha.attention.flash.flash_attention"),
         ("cheat-flash-backward", "a8-backward", "    T, d_k = q.shape[2], q.shape[3]\n",
-         "    from mha import flash\n    return flash.flash_attention_backward(q, k, v, out, lse, dout, "
+         "    from mha.attention import flash\n    return flash.flash_attention_backward(q, k, v, out, lse, dout, "
          "causal=causal, block_q=block_q, block_k=block_k, offset=offset)\n"
-         "    T, d_k = q.shape[2], q.shape[3]\n", "a8-backward-tests", "mha.flash.flash_attention_backward"),
+         "    T, d_k = q.shape[2], q.shape[3]\n", "a8-backward-tests", "mha.attention.flash.flash_attention_backward"),
         ("cheat-forward-math", "a8-bytes", "    elements = T * d",
-         "    from mha import traffic\n    return traffic.forward_math(1, 1, T, S, d, itemsize).bytes\n"
-         "    elements = T * d", "a8-bytes-tests", "mha.traffic.forward_math"),
+         "    from mha.perf import traffic\n    return traffic.forward_math(1, 1, T, S, d, itemsize).bytes\n"
+         "    elements = T * d", "a8-bytes-tests", "mha.perf.traffic.forward_math"),
         # issue 28: part 1 made by exec, a thin wrapper round the package's update
         ("cheat-exec-update", "a8-update", "def online_update(m, ell, acc, scores, v_block):",
-         "from mha import flash as _fl\n\nexec(\"def online_update(m, ell, acc, scores, v_block):\\n\"\n"
+         "from mha.attention import flash as _fl\n\nexec(\"def online_update(m, ell, acc, scores, v_block):\\n\"\n"
          "     \"    return _fl._update((m, ell, acc.copy()), scores.copy(), v_block)\\n\", globals())\n\n\n"
-         "def _unused(m, ell, acc, scores, v_block):", "a8-update-tests", "mha.flash._update"),
+         "def _unused(m, ell, acc, scores, v_block):", "a8-update-tests", "mha.attention.flash._update"),
     ],
 }
 

@@ -1,4 +1,4 @@
-"""mha.backends: the registry of attention backends, its refusals, and the backend-by-feature table."""
+"""mha.attention.backends: the registry of attention backends, its refusals, and the backend-by-feature table."""
 
 import re
 from pathlib import Path
@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha.backends import FEATURE_WORDS, FEATURES, Backend, Call, Registry, markdown_table
+from mha.attention.backends import FEATURE_WORDS, FEATURES, Backend, Call, Registry, markdown_table
 
 ROOT = Path(__file__).resolve().parents[1]
 DEVICES = ("cpu", "cuda")
@@ -163,7 +163,7 @@ def _readme_table() -> str:
 
 
 def test_the_readme_shows_the_backend_table_of_both_registries():
-    from mha import numpy_attention, torch_attention
+    from mha.attention import numpy_attention, torch_attention
 
     table = markdown_table(numpy_attention.BACKENDS, torch_attention.BACKENDS)
     assert _readme_table() == table, ("README.md's backend table is out of date; paste "

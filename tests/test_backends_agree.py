@@ -17,8 +17,8 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mha import numpy_attention, torch_attention
-from mha.masking import MaskSpec
+from mha.attention import numpy_attention, torch_attention
+from mha.attention.masking import MaskSpec
 
 FRAMEWORKS = (("numpy", numpy_attention), ("torch", torch_attention))
 

@@ -1,4 +1,4 @@
-"""mha.bench: the FLOP formula against a brute-force count, the helpers' contracts, and the backends."""
+"""mha.perf.bench: the FLOP formula against a brute-force count, the helpers' contracts, and the backends."""
 
 from __future__ import annotations
 
@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from mha import bench, steps
+from mha import steps
+from mha.perf import bench
 
 
 def count_flops_by_loops(B: int, h: int, T: int, S: int, d_k: int, causal: bool) -> int:
@@ -264,7 +265,7 @@ def test_cuda_backends_match_math_within_derived_tolerance(backend):
 
 
 def test_derived_tolerance_is_floored_and_scaled():
-    from mha.bench import DEFAULT_ATOL, FUDGE, derived_tolerance
+    from mha.perf.bench import DEFAULT_ATOL, FUDGE, derived_tolerance
 
     golden = torch.zeros(3, dtype=torch.float64)
     assert derived_tolerance(golden, golden.float(), torch.float32) == (0.0, DEFAULT_ATOL[torch.float32])
@@ -273,7 +274,7 @@ def test_derived_tolerance_is_floored_and_scaled():
 
 
 def test_kernel_that_runs_tells_flash_from_math_on_the_cpu():
-    from mha.bench import kernel_that_runs
+    from mha.perf.bench import kernel_that_runs
 
     q = torch.randn(1, 2, 16, 64)  # (B, h, T, d_k)
     assert kernel_that_runs(q, q, q) == "flash"

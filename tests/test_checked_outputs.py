@@ -261,7 +261,7 @@ def test_hidden_show_source_finder() -> None:
     assert hidden_show_source("show_source(a)\nshow_source(b)") == [1]
     assert hidden_show_source("show_source(a)\nx = 1") == [1]
     assert hidden_show_source("display(show_source(a))\nshow_source(b)") == []
-    assert hidden_show_source("%matplotlib inline\nmha.source.show_source(a)") == []
+    assert hidden_show_source("%matplotlib inline\nmha_course.source.show_source(a)") == []
 
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=lambda p: p.stem)

@@ -3,8 +3,10 @@
 import numpy as np
 import pytest
 
-from mha import checks, planted, steps
-from mha.numpy_mha import MultiHeadAttention
+from mha import checks, steps
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha_course import planted
+from mha_course.tryit.generation import judge_padded_positions
 
 
 @pytest.fixture
@@ -156,14 +158,14 @@ _RIGHT = np.array([[-1, -1, -1, 0, 1], [0, 1, 2, 3, 4], [-1, -1, 0, 1, 2]])
 ])
 def test_padded_positions_check_names_each_mistake(answer, words):
     with pytest.raises(AssertionError) as info:
-        checks.check_padded_positions(answer, _LENGTHS, _T)
+        judge_padded_positions(answer, _LENGTHS, _T)
     assert words in str(info.value)
     assert str(_RIGHT.tolist()) not in str(info.value)  # never prints the answer
 
 
 def test_padded_positions_check_says_right_and_not_tried():
-    assert checks.check_padded_positions(_RIGHT, _LENGTHS, _T).startswith("right")
-    assert checks.check_padded_positions(_RIGHT.astype(float), _LENGTHS, _T).startswith("right")
+    assert judge_padded_positions(_RIGHT, _LENGTHS, _T).startswith("right")
+    assert judge_padded_positions(_RIGHT.astype(float), _LENGTHS, _T).startswith("right")
     pads_count_up = np.arange(_T) - (_T - np.array(_LENGTHS))[:, None]  # pads ..., -3, -2, -1
-    assert checks.check_padded_positions(pads_count_up, _LENGTHS, _T).startswith("right")
-    assert checks.check_padded_positions(None, _LENGTHS, _T).startswith("not tried yet")
+    assert judge_padded_positions(pads_count_up, _LENGTHS, _T).startswith("right")
+    assert judge_padded_positions(None, _LENGTHS, _T).startswith("not tried yet")

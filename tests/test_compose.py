@@ -2,7 +2,7 @@
 
 Each contract is checked against something independent of the code under test: a sequence
 run alone (padding), weights repeated or permuted by hand (GQA, RoPE pairings), the dense
-window mask of mha.masks (rolling cache), and the torch twin on every backend. float64 to
+window mask of mha.attention.masks (rolling cache), and the torch twin on every backend. float64 to
 1e-12: the paths differ only in summation order, so their difference is a few ulps of O(1)
 outputs; 1e-12 leaves ~1000x headroom and still catches any real mistake (which moves
 outputs by ~1e-2 or more, as the planted cases below show).
@@ -14,18 +14,11 @@ import numpy as np
 import pytest
 import torch
 
-from mha import (
-    compose,
-    generate,
-    masks,
-    numpy_attention,
-    numpy_mha,
-    posenc,
-    torch_attention,
-    torch_mha,
-    train,
-)
-from mha.kv_cache import KVCache, TorchKVCache, decode_step
+from mha.attention import masks, numpy_attention, posenc, torch_attention
+from mha.inference import generate
+from mha.inference.kv_cache import KVCache, TorchKVCache, decode_step
+from mha.modules import compose, numpy_mha, torch_mha
+from mha.training import train
 
 TOL = 1e-12
 D, H = 16, 4  # d_model, heads: d_k = 4

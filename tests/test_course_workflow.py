@@ -117,7 +117,7 @@ def test_short_names_and_unknown_ones(root):
 
 
 def test_a3_answer_key_in_the_hidden_tests_matches_the_suspects():
-    from mha import planted
+    from mha_course import planted
 
     nb = nbformat.read(COURSE / "source" / "A3_find_the_bug" / "A3_find_the_bug.ipynb",
                        as_version=4)

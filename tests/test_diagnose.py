@@ -1,4 +1,4 @@
-"""mha.diagnose names each planted bug, calls correct code correct, and names nothing it can't tell."""
+"""mha_course.diagnose names each planted bug, calls correct code correct, and names nothing it can't tell."""
 
 import math
 
@@ -6,9 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from mha import diagnose, planted, steps
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha import steps
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+from mha_course import diagnose, planted
 
 BUGS = sorted(planted.CATALOGUE)
 

@@ -1,4 +1,4 @@
-"""mha.diagnose_backward names each planted backward bug, calls correct code correct, and names
+"""mha_course.diagnose.backward names each planted backward bug, calls correct code correct, and names
 nothing it can't tell.
 
 Contracts:
@@ -18,7 +18,9 @@ import numpy as np
 import pytest
 import torch
 
-from mha import diagnose, diagnose_backward, grad, planted
+from mha.training import grad
+from mha_course import diagnose, planted
+from mha_course.diagnose import backward as diagnose_backward
 from tests.reference import autograd_grads
 
 STEP_BUGS = sorted(n for n, b in planted.BACKWARD_BUGS.items() if b.step != "backward")

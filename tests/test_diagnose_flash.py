@@ -1,4 +1,4 @@
-"""mha.diagnose_flash names each usual FlashAttention mistake, calls correct code correct, and names
+"""mha_course.diagnose.flash names each usual FlashAttention mistake, calls correct code correct, and names
 nothing it can't tell.
 
 Contracts:
@@ -17,8 +17,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha import diagnose, flash, traffic
-from mha import diagnose_flash as df
+from mha.attention import flash
+from mha.perf import traffic
+from mha_course import diagnose
+from mha_course.diagnose import flash as df
 
 
 # ---- part 1: the online update -------------------------------------------------------------------

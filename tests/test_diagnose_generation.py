@@ -1,4 +1,4 @@
-"""mha.diagnose_generation names each usual generation mistake, calls correct code correct, and
+"""mha_course.diagnose.generation names each usual generation mistake, calls correct code correct, and
 names nothing it can't tell.
 
 Contracts:
@@ -16,8 +16,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha import diagnose, generate
-from mha import diagnose_generation as dg
+from mha.inference import generate
+from mha_course import diagnose
+from mha_course.diagnose import generation as dg
 
 
 # ---- part 1: positions -----------------------------------------------------------------------
@@ -287,7 +288,7 @@ def test_held_bytes_counts_arrays_in_attributes_and_containers():
 
 # ---- part 4: the bytes of the caches ---------------------------------------------------------
 def test_the_formula_matches_what_models_allocate():
-    from mha import train
+    from mha.training import train
 
     for h_kv, window in [(4, None), (2, None), (1, 6), (2, 2000)]:
         m = train.TinyTransformer(vocab=16, T=24, d_model=32, n_heads=4, n_layers=2, causal=True,

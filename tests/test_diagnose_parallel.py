@@ -1,4 +1,4 @@
-"""mha.diagnose_parallel names each usual ring-attention mistake, calls correct code correct, and
+"""mha_course.diagnose.parallel names each usual ring-attention mistake, calls correct code correct, and
 names nothing it can't tell.
 
 Contracts:
@@ -20,8 +20,10 @@ import math
 import pytest
 import torch
 
-from mha import diagnose, parallel, torch_attention
-from mha import diagnose_parallel as dp
+from mha.attention import torch_attention
+from mha.parallel import ring as parallel
+from mha_course import diagnose
+from mha_course.diagnose import parallel as dp
 
 
 # ---- part 1: the merge ---------------------------------------------------------------------------
@@ -345,7 +347,7 @@ def test_verdicts_survive_a_refused_reference():
 
 
 def test_the_pairs_and_their_slips_agree_with_what_the_ring_code_does():
-    """The counts A7 grades stay those of mha.parallel: the allowed pairs are the least any rank can
+    """The counts A7 grades stay those of mha.parallel.ring: the allowed pairs are the least any rank can
     score, the ring code's own count (ring_stats) exceeds them only by its own block's masked part,
     and the "blocks" slip is the number of blocks the code scores something of."""
     for T, W, layout in dp.PAIRS_CASES:

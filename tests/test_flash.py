@@ -1,4 +1,4 @@
-"""mha.flash equals steps 3-6 for any T, S, blocks, mask and causal; the online softmax too."""
+"""mha.attention.flash equals steps 3-6 for any T, S, blocks, mask and causal; the online softmax too."""
 
 import math
 
@@ -7,7 +7,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import flash, masking, numpy_attention, steps
+from mha import steps
+from mha.attention import flash, masking, numpy_attention
 
 
 def reference(q, k, v, causal=False, mask=None, offset=0):
@@ -575,7 +576,7 @@ def _bad_calls():
         ("backward: mask where causal goes", lambda: flash.flash_attention_backward(q, k, v, out, lse, out, mask),
          TypeError, "causal must be True or False"),
         ("torch tensors", lambda: flash.flash_attention(*(torch.tensor(a) for a in (q, k, v))), TypeError,
-         r"q must be a numpy array, got Tensor \(for tensors use mha.triton_flash, or .numpy\(\)\)"),
+         r"q must be a numpy array, got Tensor \(for tensors use mha.attention.triton_flash, or .numpy\(\)\)"),
         ("split-KV torch", lambda: flash.split_kv_attention(q, torch.tensor(k), v), TypeError,
          "k must be a numpy array, got Tensor"),
         ("backward torch dout", lambda: flash.flash_attention_backward(q, k, v, out, lse, torch.tensor(out)),

@@ -1,4 +1,4 @@
-"""FlashAttention-2's backward (mha.flash.flash_attention_backward) against mha.grad and torch autograd."""
+"""FlashAttention-2's backward (mha.attention.flash.flash_attention_backward) against mha.training.grad and torch autograd."""
 
 import math
 
@@ -8,7 +8,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, flash, grad, masking, steps
+from mha import steps
+from mha.attention import flash, masking
+from mha.perf import bench
+from mha.training import grad
 from tests.test_flash import EDGE, causal_edges, edge_case, planted
 
 

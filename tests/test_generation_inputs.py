@@ -18,8 +18,10 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mha import compose, generate, numpy_mha, torch_mha, train
-from mha.kv_cache import KVCache, TorchKVCache
+from mha.inference import generate
+from mha.inference.kv_cache import KVCache, TorchKVCache
+from mha.modules import compose, numpy_mha, torch_mha
+from mha.training import train
 
 D, H = 16, 4  # d_model, heads: d_k = 4
 TOL = 1e-12  # float64 paths that differ only in summation order (see tests/test_compose.py)
@@ -346,7 +348,7 @@ def test_running_past_the_learned_position_table_says_why(which):
 def test_the_numpy_twin_refuses_a_wrong_number_of_caches_and_a_model_it_cannot_read(twin):
     with pytest.raises(ValueError, match=r"caches must hold one cache per layer \(2\), got 1"):
         twin(np.array([[1, 2]]), None, twin.new_caches(1, 4)[:1])
-    with pytest.raises(TypeError, match="model must be an mha.train.TinyTransformer, got "
+    with pytest.raises(TypeError, match="model must be an mha.training.train.TinyTransformer, got "
                                         "MultiHeadAttention"):
         generate.NumpyTinyTransformer(numpy_mha.MultiHeadAttention(D, H))
     model, _ = tiny(window=None)

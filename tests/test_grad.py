@@ -1,4 +1,4 @@
-"""mha.grad: hand-derived gradients equal finite differences and torch autograd.
+"""mha.training.grad: hand-derived gradients equal finite differences and torch autograd.
 
 Contracts:
   * every step backward equals central finite differences (float64) and torch autograd of the
@@ -22,12 +22,15 @@ import numpy as np
 import pytest
 import torch
 
-from mha import grad, masks, planted, steps
-from mha.diagnose_backward import STEPS, backward_cases, default_module, step_cases
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_attention import safe_softmax
-from mha.torch_mha import merge_heads as torch_merge_heads
-from mha.torch_mha import split_heads as torch_split_heads
+from mha import steps
+from mha.attention import masks
+from mha.attention.torch_attention import safe_softmax
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import merge_heads as torch_merge_heads
+from mha.modules.torch_mha import split_heads as torch_split_heads
+from mha.training import grad
+from mha_course import planted
+from mha_course.diagnose.backward import STEPS, backward_cases, default_module, step_cases
 from tests.reference import autograd_grads
 
 MODULE_VISIBLE = sorted(n for n in planted.BACKWARD_BUGS if n != "mask_backward_skipped")

@@ -1,17 +1,17 @@
 """Our composed torch module against Hugging Face's LlamaAttention (transformers 5.24), same weights.
 
-Tiny random LlamaConfig (nothing from the Hub), weights copied by `mha.hf.from_llama_attention`,
+Tiny random LlamaConfig (nothing from the Hub), weights copied by `mha.modules.hf.from_llama_attention`,
 a LEFT-PADDED causal batch built the way HF generation builds it (2-D attention_mask,
 position_ids = cumsum - 1, the 4-D mask from `masking_utils.create_causal_mask`), then
 decoding with a KV cache. Only real (non-pad) query rows are compared. The harness
-(llama_config, llama_attention, as_impl, run_hf, run_ours, max_err) lives in `mha.hf`, which
+(llama_config, llama_attention, as_impl, run_hf, run_ours, max_err) lives in `mha.modules.hf`, which
 notebook 17 imports too; this file keeps the derived tolerances and the planted mistakes.
 
 Tolerances are derived, as in tests/test_torch_parity.py (PyTorch's test_transformers.py rule):
     golden   = HF, sdpa, float64 weights, fed float64 cos/sin tables (`exact_tables`)
     ref_err  = max |HF as users run it (this dtype, this attn_implementation, its own
                LlamaRotaryEmbedding) - golden|
-    allowed  = max(FLOOR[dtype], FUDGE * ref_err)            (mha.bench.derived_tolerance)
+    allowed  = max(FLOOR[dtype], FUDGE * ref_err)            (mha.perf.bench.derived_tolerance)
     assert |ours - golden| <= allowed,  and  |ours - HF| <= allowed + ref_err (triangle inequality)
 HF is not exact in float64, by its own design: LlamaRotaryEmbedding.forward computes the angles
 and cos/sin in float32 whatever the model's dtype (modeling_llama.py line 111:
@@ -31,11 +31,11 @@ import torch
 from transformers import LlamaConfig
 from transformers.models.llama.modeling_llama import LlamaAttention
 
-from mha import hf
-from mha.bench import DEFAULT_ATOL, FUDGE
-from mha.hf import as_impl, from_llama_attention, llama_attention, rope_theta, rows_per_head
-from mha.posenc import rope_permutation
-from mha.torch_mha import MultiHeadAttention
+from mha.attention.posenc import rope_permutation
+from mha.modules import hf
+from mha.modules.hf import as_impl, from_llama_attention, llama_attention, rope_theta, rows_per_head
+from mha.modules.torch_mha import MultiHeadAttention
+from mha.perf.bench import DEFAULT_ATOL, FUDGE
 
 D_MODEL, H, D_K = 32, 4, 8
 THETA = hf.LLAMA3_THETA  # Llama 3's base, not the default 10000: a copy that drops it must fail
@@ -47,23 +47,23 @@ DTYPES = (torch.float64, torch.float32)
 
 
 def llama_config(impl: str = "sdpa", n_kv: int = 2, bias: bool = False) -> LlamaConfig:
-    """mha.hf.llama_config at this file's sizes (h=4, d_k=8, d_model=32, THETA)."""
+    """mha.modules.hf.llama_config at this file's sizes (h=4, d_k=8, d_model=32, THETA)."""
     return hf.llama_config(impl, H, n_kv, D_K, THETA, bias)
 
 
 def run_hf(attn: LlamaAttention, config: LlamaConfig, n_new: int = N_NEW, tables: str = "hf",
            round_to: torch.dtype | None = None) -> list[torch.Tensor]:
-    """mha.hf.run_hf on this file's batch: LENGTHS left-padded to T, then n_new decoded tokens."""
+    """mha.modules.hf.run_hf on this file's batch: LENGTHS left-padded to T, then n_new decoded tokens."""
     return hf.run_hf(attn, config, LENGTHS, T=T, n_new=n_new, tables=tables, round_to=round_to)
 
 
 def run_ours(module: MultiHeadAttention, n_new: int = N_NEW) -> list[torch.Tensor]:
-    """mha.hf.run_ours on the same batch."""
+    """mha.modules.hf.run_ours on the same batch."""
     return hf.run_ours(module, LENGTHS, T=T, n_new=n_new)
 
 
 def max_err(a: list[torch.Tensor], b: list[torch.Tensor]) -> float:
-    """mha.hf.max_err on this file's real rows."""
+    """mha.modules.hf.max_err on this file's real rows."""
     return hf.max_err(a, b, LENGTHS)
 
 

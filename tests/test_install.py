@@ -1,4 +1,4 @@
-"""make's installer (src/mha/install.py): uv from the indexes pip is set up for, else pip."""
+"""make's installer (tools/install.py): uv from the indexes pip is set up for, else pip."""
 
 import base64
 import hashlib
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from mha import install
+from tools import install
 
 LISTING = """\
 global.cert='/etc/ssl/certs/ca-certificates.crt'

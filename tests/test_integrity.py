@@ -1,4 +1,4 @@
-"""mha.integrity: graded code that reaches the package's reference is caught, honest code is not.
+"""mha_course.integrity: graded code that reaches the package's reference is caught, honest code is not.
 
 "Student" code is compiled here with the file name of a notebook cell, the way IPython does;
 the test functions themselves play the grader (the frames that enter the guard).
@@ -9,15 +9,18 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from mha import diagnose, integrity, kv_cache, planted, steps
-from mha.numpy_mha import MultiHeadAttention
+from mha import steps
+from mha.inference import kv_cache
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha_course import diagnose, integrity, planted
 
 STUDENT = '''
 import functools
 import numpy as np
-from mha import diagnose, steps
+from mha_course import diagnose
+from mha import steps
 from mha import steps as st
-from mha.kv_cache import KVCache
+from mha.inference.kv_cache import KVCache
 
 
 def own(s):
@@ -124,7 +127,7 @@ def test_callbacks_from_the_grader_and_its_own_calls_are_not_the_students(studen
 
 
 def test_a_subclass_of_the_reference_is_caught(student):
-    with pytest.raises(integrity.ReferenceUsed, match="mha.kv_cache.KVCache"):
+    with pytest.raises(integrity.ReferenceUsed, match="mha.inference.kv_cache.KVCache"):
         with integrity.guard(student["SubclassCache"]):
             pass
 

@@ -14,7 +14,9 @@ import sys
 import numpy as np
 import pytest
 
-from mha import diagnose, diagnose_flash, integrity, kv_cache
+from mha.inference import kv_cache
+from mha_course import diagnose, integrity
+from mha_course.diagnose import flash as diagnose_flash
 
 STUDENT = '''
 import math
@@ -22,7 +24,8 @@ import types
 
 import numpy as np
 
-from mha import kv_cache, steps
+from mha.inference import kv_cache
+from mha import steps
 
 
 def own(s):
@@ -186,7 +189,7 @@ def test_generated_code_of_a_library_is_still_looked_through():
         Point(1.0)
 
 
-@pytest.mark.parametrize("name,ref", [("BorrowsUpdate", "mha.kv_cache._Cache.update"),
+@pytest.mark.parametrize("name,ref", [("BorrowsUpdate", "mha.inference.kv_cache._Cache.update"),
                                       ("BorrowsStatic", "mha.steps.softmax")])
 def test_a_class_that_borrows_the_package_is_caught_at_the_start(student, name, ref):
     with pytest.raises(integrity.ReferenceUsed, match=rf"{ref} \(your {name}\.\w+ is the package's own"):

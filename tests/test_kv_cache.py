@@ -19,10 +19,16 @@ from hypothesis import strategies as st
 from torch.nn.attention.bias import causal_lower_right
 
 from mha import steps
-from mha.bench import derived_tolerance
-from mha.kv_cache import KVCache, TorchKVCache, decode_step, decode_step_cost, torch_decode_step
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha.inference.kv_cache import (
+    KVCache,
+    TorchKVCache,
+    decode_step,
+    decode_step_cost,
+    torch_decode_step,
+)
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+from mha.perf.bench import derived_tolerance
 
 IMPLS = ["numpy", "sdpa", "manual"]
 

@@ -8,8 +8,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mha import _launch_examples as ex  # noqa: E402
-from mha.launch import run_workers  # noqa: E402
+from mha.parallel import _launch_examples as ex  # noqa: E402
+from mha.parallel.launch import run_workers  # noqa: E402
 
 
 def left_neighbour_by_hand(rank: int, world_size: int) -> list[float]:
@@ -132,7 +132,7 @@ def test_unpicklable_args_are_refused():
 def test_a_knock_on_connection_error_is_reported_after_its_cause():
     """Under load rank 1's 'Connection closed by peer' (rank 2 left) can arrive before rank 2's
     own error: the cause is still the one named first."""
-    from mha.launch import _failure
+    from mha.parallel.launch import _failure
 
     failures = [("error", 1, "RuntimeError", "Gloo connectFullMesh failed with [...] Connection "
                  "closed by peer [127.0.0.1]:58027", "traceback 1"),

@@ -1,4 +1,4 @@
-"""The one description of what may be attended (mha.masking.MaskSpec) and each of its lowerings.
+"""The one description of what may be attended (mha.attention.masking.MaskSpec) and each of its lowerings.
 
 References, each independent of the code under test:
   * the rules written as plain loops over (b, h, t, s) (`loop_allowed`), from the docstring;
@@ -22,8 +22,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch.nn.attention.flex_attention import create_mask, flex_attention
 
-from mha import compose, flash, masks, numpy_attention, steps, torch_attention
-from mha.masking import (
+from mha import steps
+from mha.attention import flash, masks, numpy_attention, torch_attention
+from mha.attention.masking import (
     FULL,
     PARTIAL,
     SKIPPED,
@@ -31,8 +32,9 @@ from mha.masking import (
     document_ids,
     packed_positions,
 )
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha.modules import compose
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
 
 EAGER_FLEX = "ignore:flex_attention called without torch.compile"
 

@@ -1,4 +1,4 @@
-"""Padding masks end to end (mha.masks), checked against torch and a loop reference.
+"""Padding masks end to end (mha.attention.masks), checked against torch and a loop reference.
 
 One contract over every implementation ("numpy", torch "sdpa", torch "manual"): with a
 padding mask built from lengths, the outputs equal the loop reference of tests/reference.py,
@@ -19,10 +19,11 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.nn.attention.bias import causal_lower_right
 
-from mha import diagnose_padding, masks
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_mha import MultiHeadAttention as TorchMHA
-from mha.tryit.padding_masks import check_decoder_mask
+from mha.attention import masks
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+from mha_course.diagnose import padding as diagnose_padding
+from mha_course.tryit.padding_masks import check_decoder_mask
 from tests.reference import attention_loops
 
 IMPLS = ["numpy", "sdpa", "manual"]

@@ -4,9 +4,14 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mha import parallel
-from mha.torch_attention import compute_dtype, manual_attention, masked_scores, safe_softmax
-from mha.torch_mha import MultiHeadAttention
+from mha.attention.torch_attention import (
+    compute_dtype,
+    manual_attention,
+    masked_scores,
+    safe_softmax,
+)
+from mha.modules.torch_mha import MultiHeadAttention
+from mha.parallel import ring as parallel
 
 
 def _qkv(dtype, T=128, seed=11, scale=1.0):

@@ -1,4 +1,4 @@
-"""mha.numpy_attention: every numpy backend equals an independent float64 reference on drawn cases.
+"""mha.attention.numpy_attention: every numpy backend equals an independent float64 reference on drawn cases.
 
 The reference here is written from the definition (positions -> allowed pairs, np.repeat for the
 shared heads, a softmax over the allowed keys), not from MaskSpec.dense or repeat_kv, so a bug in
@@ -14,11 +14,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import compose, flash, numpy_attention
-from mha.backends import Backend
-from mha.masking import MaskSpec
-from mha.numpy_attention import BACKENDS, attention, call_needs
-from mha.numpy_mha import MultiHeadAttention
+from mha.attention import flash, numpy_attention
+from mha.attention.backends import Backend
+from mha.attention.masking import MaskSpec
+from mha.attention.numpy_attention import BACKENDS, attention, call_needs
+from mha.modules import compose
+from mha.modules.numpy_mha import MultiHeadAttention
 
 
 # ---- the independent reference --------------------------------------------------------------
@@ -294,7 +295,8 @@ def test_bad_inputs_are_refused_before_any_backend_runs():
 @pytest.mark.parametrize("window", [None, 3])
 def test_generation_on_the_flash_backend_writes_the_reference_tokens(window):
     """A left-padded batch, GQA, RoPE, a cache: prefill tiled, every decoding step split-KV."""
-    from mha import generate, train
+    from mha.inference import generate
+    from mha.training import train
 
     model = train.TinyTransformer(vocab=12, T=16, d_model=16, n_heads=4, n_layers=2, causal=True,
                                   seed=0, n_kv_heads=2, rope="half", window=window)

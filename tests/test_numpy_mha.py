@@ -10,9 +10,10 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import checks, numpy_attention, steps
-from mha.bench import derived_tolerance
-from mha.numpy_mha import MultiHeadAttention, format_ledger
+from mha import checks, steps
+from mha.attention import numpy_attention
+from mha.modules.numpy_mha import MultiHeadAttention, format_ledger
+from mha.perf.bench import derived_tolerance
 from tests.reference import attention_loops
 
 
@@ -221,7 +222,7 @@ def test_python_dash_m_mha_demo_runs():
 
 
 def test_the_module_a_student_reads_fits_one_screen():
-    from mha.source import show_source
+    from mha_course.source import show_source
 
     shown = show_source(MultiHeadAttention, "forward")
     assert shown.lines <= 60, f"forward takes {shown.lines} lines"

@@ -13,9 +13,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from mha import checks, onramp, planted, steps
-from mha.numpy_mha import MultiHeadAttention
-from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha import checks, onramp, steps
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+from mha_course import planted
 from tests.reference import attention_loops
 
 HUES = [0, 60, 120, 180, 240, 300]  # red, yellow, green, cyan, blue, magenta
@@ -282,7 +283,7 @@ def test_check_running_mean_passes():
 
 T_BUG = 6
 ZEROS = np.zeros((T_BUG, T_BUG))  # (T, S): equal scores
-PLANTED = {  # what each mistake makes of the running-mean weights, built with mha.planted
+PLANTED = {  # what each mistake makes of the running-mean weights, built with mha_course.planted
     "no mask": (lambda: steps.softmax(ZEROS), "the causal mask is missing"),
     "after softmax": (lambda: planted.mask_after_softmax(ZEROS, steps.causal_mask(T_BUG)),
                       "the mask was applied after the softmax"),

@@ -14,7 +14,7 @@ import io
 
 import pytest
 
-from mha.tryit import Verdict
+from mha_course.tryit import Verdict
 
 # Right answers the check refuses, each with the form its message asks for instead.
 FORM_NAMED = {
@@ -37,7 +37,7 @@ def _lessons(name: str) -> list[tuple[str, int]]:
                          ids=lambda v: str(v))
 def test_blind_answers(name, lesson):
     answers = importlib.import_module(f"tests.outsider.answers_{name}")
-    tryit = importlib.import_module("mha.tryit." + answers.MODULES[lesson])
+    tryit = importlib.import_module("mha_course.tryit." + answers.MODULES[lesson])
     if name == "b":
         answers.setup(lesson, tryit, "new")
     else:

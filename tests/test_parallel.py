@@ -1,4 +1,4 @@
-"""Ring attention and Ulysses on simulated ranks (mha.parallel), against one-process attention."""
+"""Ring attention and Ulysses on simulated ranks (mha.parallel.ring), against one-process attention."""
 
 import math
 
@@ -8,7 +8,9 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, numpy_attention, parallel, torch_attention
+from mha.attention import numpy_attention, torch_attention
+from mha.parallel import ring as parallel
+from mha.perf import bench
 
 
 def _qkv(B=2, h=4, T=16, d_k=8, dtype=torch.float64, seed=0):
@@ -128,7 +130,7 @@ def test_across_processes_equals_one_process_attention(kind, world_size, layout,
 
 
 def test_across_processes_a_bad_split_is_refused_before_any_process_starts(monkeypatch):
-    from mha import launch
+    from mha.parallel import launch
 
     def no_processes(*args, **kwargs):
         raise AssertionError("a bad split must be refused before any process starts")
@@ -209,7 +211,7 @@ def test_a_backward_from_each_blocks_own_logsumexp_is_caught():
 
 # The whole module, sequence-parallel ------------------------------------------------------------
 def test_a_core_forward_refuses_what_it_cannot_split():
-    from mha.torch_mha import MultiHeadAttention
+    from mha.modules.torch_mha import MultiHeadAttention
 
     m = MultiHeadAttention(16, 4, dtype=torch.float64)
     x = torch.randn(1, 8, 16, dtype=torch.float64)
@@ -227,8 +229,8 @@ def test_a_core_forward_refuses_what_it_cannot_split():
 
 def test_a_core_forward_on_one_rank_is_the_module_itself():
     """The core= path with a core that attends locally gives the ordinary forward (every option)."""
-    from mha.torch_attention import attention_lse
-    from mha.torch_mha import MultiHeadAttention
+    from mha.attention.torch_attention import attention_lse
+    from mha.modules.torch_mha import MultiHeadAttention
 
     def local(q, k, v, q_pos, k_pos, rule):
         allowed, bias = rule(q_pos, k_pos)
@@ -264,7 +266,7 @@ def test_across_processes_backward_equals_one_process_autograd(kind, world_size,
     ("ring", 2, dict(n_kv_heads=2, rope="half")), ("ulysses", 2, dict(alibi=True)),
     ("ring", 4, dict(window=5)), ("ulysses", 4, dict(n_kv_heads=4, rope="interleaved"))])
 def test_sequence_parallel_module_equals_the_module_forward_and_backward(kind, world_size, options):
-    from mha.torch_mha import MultiHeadAttention
+    from mha.modules.torch_mha import MultiHeadAttention
 
     g = torch.Generator().manual_seed(3)
     m = MultiHeadAttention(16, 4, seed=4, dtype=torch.float64, **options)
@@ -281,7 +283,7 @@ def test_sequence_parallel_module_equals_the_module_forward_and_backward(kind, w
 
 
 def test_sequence_parallel_float32_stays_within_the_error_of_the_float32_module():
-    from mha.torch_mha import MultiHeadAttention
+    from mha.modules.torch_mha import MultiHeadAttention
 
     x = torch.randn(1, 16, 16, generator=torch.Generator().manual_seed(5))
     with torch.no_grad():
@@ -304,8 +306,8 @@ def test_sequence_parallel_float32_stays_within_the_error_of_the_float32_module(
 def test_ranks_that_disagree_all_raise_the_same_clear_error_instead_of_hanging(facts, message):
     import time
 
-    from mha import _launch_examples as ex
-    from mha.launch import run_workers
+    from mha.parallel import _launch_examples as ex
+    from mha.parallel.launch import run_workers
 
     start = time.monotonic()
     said = run_workers(ex.disagreeing_ranks, 2, args=(facts,), timeout_s=30, collective_timeout_s=10)
@@ -315,16 +317,16 @@ def test_ranks_that_disagree_all_raise_the_same_clear_error_instead_of_hanging(f
 
 
 def test_ranks_that_agree_go_on():
-    from mha import _launch_examples as ex
-    from mha.launch import run_workers
+    from mha.parallel import _launch_examples as ex
+    from mha.parallel.launch import run_workers
 
     facts = [{"world_size": 2, "T": 16, "layout": "zigzag"}] * 2
     assert run_workers(ex.disagreeing_ranks, 2, args=(facts,), timeout_s=30) == ["agreed"] * 2
 
 
 def test_nccl_is_refused_without_enough_gpus_before_any_process_starts():
-    from mha import _launch_examples as ex
-    from mha.launch import run_workers
+    from mha.parallel import _launch_examples as ex
+    from mha.parallel.launch import run_workers
 
     too_many = torch.cuda.device_count() + 1
     with pytest.raises(ValueError, match="backend='nccl' puts each rank on its own GPU"):
@@ -336,7 +338,7 @@ def test_nccl_is_refused_without_enough_gpus_before_any_process_starts():
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs CUDA: 2 GPUs for NCCL")
 @pytest.mark.parametrize("kind", ["ring", "ulysses"])
 def test_nccl_ranks_on_gpus_equal_one_process_attention(kind):
-    from mha.launch import run_workers
+    from mha.parallel.launch import run_workers
 
     q, k, v = _qkv(T=16, seed=13)
     dout = _qkv(T=16, seed=14)[0]
@@ -357,7 +359,7 @@ def test_simulated_ring_on_the_gpu_equals_the_cpu():
 
 def test_each_rank_peaks_at_a_few_of_its_own_score_matrices_not_the_whole_one():
     """Measured per rank (torch's profiler): ring ~ (T/W)^2 scores per head, Ulysses ~ T^2 of h/W heads."""
-    from mha.torch_attention import attention, causal_mask
+    from mha.attention.torch_attention import attention, causal_mask
 
     q, k, v = _qkv(B=1, h=4, T=512, d_k=16, dtype=torch.float32, seed=16)
     with torch.no_grad():

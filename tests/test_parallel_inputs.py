@@ -1,12 +1,14 @@
-"""Bad inputs to mha.parallel's entry points: a clear error naming what was expected and what
+"""Bad inputs to mha.parallel.ring's entry points: a clear error naming what was expected and what
 arrived, raised before any work is done or any process starts."""
 
 import numpy as np
 import pytest
 import torch
 
-from mha import launch, parallel, torch_attention
-from mha.torch_mha import MultiHeadAttention
+from mha.attention import torch_attention
+from mha.modules.torch_mha import MultiHeadAttention
+from mha.parallel import launch
+from mha.parallel import ring as parallel
 
 
 def _t(*shape, dtype=torch.float64, seed=0):

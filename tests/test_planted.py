@@ -9,9 +9,11 @@ import warnings
 import numpy as np
 import pytest
 
-from mha import checks, grad, planted, steps
-from mha.diagnose_backward import backward_cases, default_module, step_backward
-from mha.numpy_mha import MultiHeadAttention
+from mha import checks, steps
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.training import grad
+from mha_course import planted
+from mha_course.diagnose.backward import backward_cases, default_module, step_backward
 from tests.reference import attention_loops
 
 
@@ -160,7 +162,7 @@ def test_a_planted_step_is_passed_explicitly_and_changes_no_state():
     explicit = grad.backward(m, **kw, steps=wrong)
     via = planted.backward_with("softmax_no_outer_product")(m, **kw)
     assert all(np.array_equal(a, getattr(via, n)) for n, a in explicit.items())
-    assert {n: getattr(grad, n) for n in before} == before  # nothing in mha.grad was replaced
+    assert {n: getattr(grad, n) for n in before} == before  # nothing in mha.training.grad was replaced
     assert all(getattr(grad.REFERENCE_STEPS, n) is f for n, f in before.items())
 
 

@@ -1,4 +1,4 @@
-"""Positions and variants (mha.positions): RoPE, ALiBi, GQA/MQA, sliding windows, FlexAttention.
+"""Positions and variants (mha.attention.positions): RoPE, ALiBi, GQA/MQA, sliding windows, FlexAttention.
 
 References used here, each independent of the code under test:
   * RoPE: complex multiplication, (x1 + i x2) e^{i m theta}, written from the formula;
@@ -7,7 +7,7 @@ References used here, each independent of the code under test:
   * sliding windows: flash-attn's documented window_size rule and Hugging Face's mask function;
   * attention: tests/reference.attention_loops (plain loops), and torch SDPA called directly
     on q, k, v built with einsum from the numpy weights (float64, 1e-12);
-  * float32: tolerances derived from the float32 math path's own error (mha.bench).
+  * float32: tolerances derived from the float32 math path's own error (mha.perf.bench).
 Every named check is shown failing on the bug it names.
 """
 
@@ -21,13 +21,10 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
-from mha import checks, masks, numpy_attention, positions, steps, torch_attention
-from mha.bench import derived_tolerance
-from mha.diagnose_positions import ROPE_BUGS, check_relative
-from mha.kv_cache import KVCache, TorchKVCache
-from mha.masking import MaskSpec
-from mha.numpy_mha import MultiHeadAttention
-from mha.positions import (
+from mha import checks, steps
+from mha.attention import masks, numpy_attention, positions, torch_attention
+from mha.attention.masking import MaskSpec
+from mha.attention.positions import (
     alibi_bias,
     alibi_slopes,
     attend,
@@ -43,7 +40,11 @@ from mha.positions import (
     torch_attend,
     torch_flex_attend,
 )
-from mha.torch_mha import MultiHeadAttention as TorchMHA
+from mha.inference.kv_cache import KVCache, TorchKVCache
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention as TorchMHA
+from mha.perf.bench import derived_tolerance
+from mha_course.diagnose.positions import ROPE_BUGS, check_relative
 from tests.reference import attention_loops
 
 EAGER_FLEX = "ignore:flex_attention called without torch.compile"

@@ -126,7 +126,8 @@ def test_links_to_a_section_of_a_lesson_name_a_heading_it_has():
 def test_code_names_lessons_by_their_file_and_the_files_exist():
     import re
 
-    files = [*(ROOT / "src" / "mha").rglob("*.py"), *(ROOT / "benchmarks").glob("*.py"),
+    files = [*(ROOT / "src").rglob("*.py"), *(ROOT / "tools").rglob("*.py"),
+             *(ROOT / "benchmarks").glob("*.py"),
              *(ROOT / "notebooks" / "assignments").glob("*.py")]
     for path in files:
         text = path.read_text()

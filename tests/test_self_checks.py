@@ -1,4 +1,4 @@
-"""The Try-it self-check contract (see mha.tryit), for every lesson's exercise.
+"""The Try-it self-check contract (see mha_course.tryit), for every lesson's exercise.
 
 Each check: None -> "not tried yet", the right answer (in every listed form) -> "right", each
 typical wrong answer (at least three) -> its own message naming the mistake, an answer of the
@@ -19,18 +19,18 @@ import re
 import nbformat
 import pytest
 
-import mha.tryit
-from mha.tryit import NotYet, Verdict
+import mha_course.tryit
+from mha_course.tryit import NotYet, Verdict
 from tests.self_checks import Case
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 TRY_IT = re.compile(r"^(#+\s*|\*\*)Try it", re.M)
-IMPORT = re.compile(r"from mha\.tryit import (\w+) as tryit")
+IMPORT = re.compile(r"from mha_course\.tryit import (\w+) as tryit")
 CALL = re.compile(r"\btryit\.(check_\w+)\(")
 
 
 def _tryit_modules() -> list[str]:
-    return sorted(m.name for m in pkgutil.iter_modules(mha.tryit.__path__))
+    return sorted(m.name for m in pkgutil.iter_modules(mha_course.tryit.__path__))
 
 
 def _cases() -> list[Case]:
@@ -48,7 +48,7 @@ CASES = _cases()
 
 
 def _checks_in(name: str) -> set[str]:
-    module = importlib.import_module(f"mha.tryit.{name}")
+    module = importlib.import_module(f"mha_course.tryit.{name}")
     return {n for n, f in inspect.getmembers(module, inspect.isfunction)
             if n.startswith("check_") and f.__module__ == module.__name__}
 
@@ -58,7 +58,7 @@ def test_every_check_has_a_case_with_at_least_three_wrong_answers():
     for name in _tryit_modules():
         for fn in _checks_in(name):
             case = covered.get(f"{name}.{fn}")
-            assert case is not None, f"mha.tryit.{name}.{fn} has no Case in tests/self_checks/{name}.py"
+            assert case is not None, f"mha_course.tryit.{name}.{fn} has no Case in tests/self_checks/{name}.py"
             assert len(case.wrong) >= 3, f"{case.name}: {len(case.wrong)} wrong answers, want >= 3"
 
 
@@ -74,10 +74,10 @@ def _verdict(case: Case, args: tuple) -> Verdict:
 
 def test_every_check_returns_its_verdict_as_text():
     for name in _tryit_modules():
-        module = importlib.import_module(f"mha.tryit.{name}")
+        module = importlib.import_module(f"mha_course.tryit.{name}")
         for fn in _checks_in(name):
             assert getattr(getattr(module, fn), "__self_check__", False), \
-                f"mha.tryit.{name}.{fn} is not decorated with @self_check"
+                f"mha_course.tryit.{name}.{fn} is not decorated with @self_check"
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
@@ -156,7 +156,7 @@ def test_every_try_it_calls_self_checks_under_the_contract(path):
     tries = _try_it_calls(path)
     assert tries, f"{path.stem} has no Try it"
     for module, calls in tries:
-        assert module, f"{path.stem}: a Try it without `from mha.tryit import <topic> as tryit`"
+        assert module, f"{path.stem}: a Try it without `from mha_course.tryit import <topic> as tryit`"
         assert calls, f"{path.stem}: a Try it whose cells call no tryit.check_*"
         for fn in calls:
             assert f"{module}.{fn}" in covered, f"{path.stem} calls tryit.{fn}, not under contract"

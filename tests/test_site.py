@@ -18,7 +18,7 @@ import threading
 import nbformat
 import pytest
 
-from mha import site
+from tools import site
 
 ROOT = pathlib.Path(__file__).resolve().parent.parent
 CHROMIUM = "/usr/bin/chromium"

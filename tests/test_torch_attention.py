@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from mha import torch_attention
-from mha.masking import MaskSpec
-from mha.torch_attention import BACKENDS, attention
-from mha.torch_mha import MultiHeadAttention
+from mha.attention import torch_attention
+from mha.attention.masking import MaskSpec
+from mha.attention.torch_attention import BACKENDS, attention
+from mha.modules.torch_mha import MultiHeadAttention
 
 EAGER_FLEX = "ignore:flex_attention called without torch.compile"
 pytestmark = pytest.mark.filterwarnings(EAGER_FLEX)

@@ -1,11 +1,11 @@
-"""make lab's choice of torch build (src/mha/torch_build.py), for each kind of machine."""
+"""make lab's choice of torch build (tools/torch_build.py), for each kind of machine."""
 
 import subprocess
 import sys
 
 import pytest
 
-from mha import torch_build
+from tools import torch_build
 
 PIN = "torch==2.13.0"
 

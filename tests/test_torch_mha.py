@@ -10,9 +10,9 @@ import torch
 from torch import nn
 
 from mha import checks
-from mha.numpy_mha import MultiHeadAttention as NumpyMHA
-from mha.torch_attention import causal_mask, safe_softmax
-from mha.torch_mha import (
+from mha.attention.torch_attention import causal_mask, safe_softmax
+from mha.modules.numpy_mha import MultiHeadAttention as NumpyMHA
+from mha.modules.torch_mha import (
     MultiHeadAttention,
     capture_attention,
     torch_mha_forward,
@@ -134,7 +134,7 @@ def test_capture_attention_collects_maps_and_restores_the_module():
     npm(x.numpy())
     np.testing.assert_allclose(maps[0].numpy(), npm.attn, rtol=0, atol=1e-14)
     assert m.use_sdpa and not m._forward_hooks  # switch restored, hook removed
-    with _raises(ValueError, "Linear contains no mha.torch_mha.MultiHeadAttention"):
+    with _raises(ValueError, "Linear contains no mha.modules.torch_mha.MultiHeadAttention"):
         with capture_attention(nn.Linear(2, 2)):
             pass
 

@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import checks
-from mha.bench import FUDGE, derived_tolerance
-from mha.torch_attention import causal_mask
-from mha.torch_mha import MultiHeadAttention, torch_mha_forward
+from mha.attention.torch_attention import causal_mask
+from mha.modules.torch_mha import MultiHeadAttention, torch_mha_forward
+from mha.perf.bench import FUDGE, derived_tolerance
 from tests.reference import attention_loops
 
 IMPLS = ["numpy", "sdpa", "manual", "sdpa_fused", "manual_fused", "nn_mha"]

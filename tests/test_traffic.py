@@ -1,11 +1,12 @@
-"""mha.traffic: the HBM bytes and FLOPs of attention, against hand counts, and the roofline."""
+"""mha.perf.traffic: the HBM bytes and FLOPs of attention, against hand counts, and the roofline."""
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, hardware, kv_cache, traffic
+from mha.inference import kv_cache
+from mha.perf import bench, hardware, traffic
 
 
 def test_the_materialised_forward_by_hand():

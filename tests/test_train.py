@@ -1,4 +1,4 @@
-"""mha.train and mha.scrub: toy tasks, the tiny Transformer, training, ablation, initialisation.
+"""mha.training.train and mha_course.scrub: toy tasks, the tiny Transformer, training, ablation, initialisation.
 
 Targets are checked against plain Python loops; accuracy against a hand count; the ablation
 against exact uniform rows; init schemes by the std they actually draw. Each check is shown
@@ -16,9 +16,9 @@ import pytest
 import torch
 from torch import nn
 
-from mha import scrub
-from mha import train as tr
-from mha.torch_mha import MultiHeadAttention
+from mha.modules.torch_mha import MultiHeadAttention
+from mha.training import train as tr
+from mha_course import scrub
 
 
 @pytest.fixture(autouse=True)

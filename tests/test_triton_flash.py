@@ -1,4 +1,4 @@
-"""The Triton kernel (mha.triton_flash) against mha.flash, a float64 reference and SDPA; on CPU in Triton's interpreter.
+"""The Triton kernel (mha.attention.triton_flash) against mha.attention.flash, a float64 reference and SDPA; on CPU in Triton's interpreter.
 
 Where the kernel runs is decided per call from the tensors' device; the CUDA-dependent decisions
 are exercised here with CUDA mocked, and the compiled kernel's float32 dots are checked in the
@@ -19,8 +19,9 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from mha import bench, flash, triton_flash
-from mha.torch_attention import manual_attention
+from mha.attention import flash, triton_flash
+from mha.attention.torch_attention import manual_attention
+from mha.perf import bench
 
 pytestmark = pytest.mark.skipif(not triton_flash.available(),
                                 reason="triton is a test requirement (requirements-dev.txt)")

@@ -1,4 +1,4 @@
-"""The shared layer of the Try-it self-checks (mha.tryit): verdicts, relate, masks, guard.
+"""The shared layer of the Try-it self-checks (mha_course.tryit): verdicts, relate, masks, guard.
 
 Drawn inputs (hypothesis) rather than hand-picked ones: `relate` must name a transpose, a
 ratio, an offset, a reversal, a shift and a missing reshape for any array, and never print a
@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from mha import steps
-from mha.tryit import (
+from mha_course.tryit import (
     NotYet,
     Verdict,
     as_array,
@@ -261,7 +261,7 @@ def test_guarded_passes_honest_work_and_returns_its_value(student):
 
 
 def test_guarded_refuses_an_instance_of_a_package_class():
-    from mha.numpy_mha import MultiHeadAttention
+    from mha.modules.numpy_mha import MultiHeadAttention
 
     module = MultiHeadAttention(8, 2, seed=0)
     with pytest.raises(NotYet, match="MultiHeadAttention"):
@@ -269,10 +269,11 @@ def test_guarded_refuses_an_instance_of_a_package_class():
 
 
 CELL = '''
-from mha import masks, kv_cache
-from mha.masks import sliding_window_mask as swm
-from mha.tryit import reached_in_cell
-from mha.tryit.attention_from_scratch import check_window_mask
+from mha.attention import masks
+from mha.inference import kv_cache
+from mha.attention.masks import sliding_window_mask as swm
+from mha_course.tryit import reached_in_cell
+from mha_course.tryit.attention_from_scratch import check_window_mask
 
 allowed = swm(8, 3)
 by_alias = reached_in_cell((masks,))
@@ -290,8 +291,8 @@ def test_a_value_answer_computed_with_the_package_in_the_calling_cell_is_seen(tm
     spec = importlib.util.spec_from_file_location("student_cell_2", path)
     cell = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(cell)
-    assert "mha.masks.sliding_window_mask" in cell.by_alias
-    assert "mha.kv_cache.KVCache" in cell.by_property
+    assert "mha.attention.masks.sliding_window_mask" in cell.by_alias
+    assert "mha.inference.kv_cache.KVCache" in cell.by_property
     assert any(ref.endswith(".nbytes") for ref in cell.by_property)
     assert cell.nothing == []
     assert not cell.verdict.ok and "sliding_window_mask" in cell.verdict, cell.verdict
@@ -302,8 +303,8 @@ def test_in_ipython_an_answer_made_in_an_earlier_cell_is_followed_there():
 
     shell = InteractiveShell.instance()
     try:
-        for cell in ("import numpy as np\nfrom mha import kv_cache\n"
-                     "from mha.tryit import kv_cache as tryit",
+        for cell in ("import numpy as np\nfrom mha.inference import kv_cache\n"
+                     "from mha_course.tryit import kv_cache as tryit",
                      "cache = kv_cache.KVCache(1, 8, 1024, 64, dtype=np.float32)",
                      "n = cache.nbytes",
                      "by_package = tryit.check_cache_bytes(n)",

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from mha import steps
-from mha.numpy_mha import MultiHeadAttention
+from mha.modules.numpy_mha import MultiHeadAttention
 
 
 @pytest.fixture
@@ -122,12 +122,12 @@ def test_steps_reject_bad_shapes(rng):
 
 
 def test_numpy_lessons_and_grading_do_not_import_torch():
-    """Graded kernels import these (A5 mha.grad, A3 mha.viz): torch would add 2-4 s to each."""
+    """Graded kernels import these (A5 mha.training.grad, A3 mha_course.viz): torch would add 2-4 s to each."""
     import subprocess
     import sys
 
-    code = ("import sys, mha.grad, mha.masks, mha.diagnose, mha.diagnose_backward, mha.numpy_mha, "
-            "mha.viz, mha.planted; "
+    code = ("import sys, mha.training.grad, mha.attention.masks, mha_course.diagnose, mha_course.diagnose.backward, mha.modules.numpy_mha, "
+            "mha_course.viz, mha_course.planted; "
             "print(sorted(m for m in sys.modules if m == 'torch'))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", f"importing the numpy modules loaded torch: {out.stdout}"

@@ -7,8 +7,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import pytest
 
-from mha import steps, viz
-from mha.numpy_mha import MultiHeadAttention
+from mha import steps
+from mha.modules.numpy_mha import MultiHeadAttention
+from mha_course import viz
 
 
 @pytest.fixture(autouse=True)
@@ -328,7 +329,7 @@ def test_alibi_pattern_equals_sdpa_with_the_bias_as_float_mask():
     import torch
     import torch.nn.functional as F
 
-    from mha import positions
+    from mha.attention import positions
 
     T, h = 8, 4
     got = viz.attention_maps(16, h, T, causal=True, pattern="alibi")
@@ -346,7 +347,7 @@ def test_alibi_pattern_equals_sdpa_with_the_bias_as_float_mask():
 
 
 def test_rope_pattern_uses_rotated_q_and_k():
-    from mha import positions
+    from mha.attention import positions
 
     T, h = 6, 2
     got = viz.attention_maps(16, h, T, causal=False, pattern="rope")

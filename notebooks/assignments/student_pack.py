@@ -10,7 +10,9 @@ DIR (default: dist/student-pack/ at the repository root) and zips it beside DIR
     README.md                 how to install (`make lab`, `make lab CPU=1`) and hand in
     Makefile                  a student Makefile: lab, demo, clean (same install steps as ours)
     requirements.txt, pyproject.toml, environment.yml
-    src/mha/...               the package, the files git tracks or would track (no caches)
+    src/mha/..., src/mha_course/...   the library and the course's package, the files git
+                              tracks or would track (no caches)
+    tools/install.py, tools/torch_build.py   what the student Makefile installs with
     notebooks/NN_*.ipynb      the lessons
     notebooks/assignments/NAME/NAME.ipynb   the released assignments (from release/, never source/)
 
@@ -36,7 +38,8 @@ COURSE = Path(__file__).resolve().parent  # notebooks/assignments
 ROOT = COURSE.parent.parent  # the repository
 DEFAULT_OUT = ROOT / "dist" / "student-pack"
 ARCHIVE_NAME = "attention-by-hand-student"
-INSTALL_FILES = ("requirements.txt", "pyproject.toml", "environment.yml")
+INSTALL_FILES = ("requirements.txt", "pyproject.toml", "environment.yml", "tools/install.py",
+                 "tools/torch_build.py")
 LESSONS_GLOB = "notebooks/[0-9][0-9]_*.ipynb"
 README_TITLE = "# Attention by Hand: student pack"
 
@@ -71,8 +74,9 @@ def package_files(repo: Path = ROOT) -> list[str]:
     out = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard",
                           "--", "src"], cwd=repo, capture_output=True, text=True, check=True).stdout
     files = sorted({f for f in out.split("\0") if f and (repo / f).is_file()})
-    if not any(f.startswith("src/mha/") for f in files):
-        raise RuntimeError(f"git lists no files under {repo / 'src/mha'}")
+    for pkg in ("src/mha/", "src/mha_course/"):
+        if not any(f.startswith(pkg) for f in files):
+            raise RuntimeError(f"git lists no files under {repo / pkg}")
     return files
 
 
@@ -113,10 +117,10 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 PIP    := $(BIN)/python -m pip --disable-pip-version-check
-# Installs go through src/mha/install.py: uv where it can (same indexes as pip, about a
+# Installs go through tools/install.py: uv where it can (same indexes as pip, about a
 # minute instead of three on 2 cores), else pip; INSTALLER=pip never tries uv.
 INSTALLER ?= auto
-INSTALL := $(BIN)/python src/mha/install.py --with $(INSTALLER)
+INSTALL := $(BIN)/python tools/install.py --with $(INSTALLER)
 PORT   ?= 8888
 # Extra flags for jupyter lab, e.g. LAB_ARGS=--IdentityProvider.token=secret
 LAB_ARGS ?=
@@ -135,7 +139,7 @@ $(BIN)/python:
 # Which torch build: CPU=auto (default) installs torch's CPU-only wheel first (a few hundred MB,
 # so the pinned torch in requirements.txt is already satisfied and PyPI's CUDA build of several
 # GB is never fetched) on Linux without an NVIDIA driver, unless the package index already gives
-# a CPU build; src/mha/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
+# a CPU build; tools/torch_build.py decides and says why. CPU=1 forces the CPU wheel, CPU=0
 # PyPI's default build.
 CPU ?= auto
 TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
@@ -144,7 +148,7 @@ TORCH_PIN := $(shell grep -E '^torch==' requirements.txt)
 # Stamp: reinstall only when the requirement files or pyproject change.
 $(VENV)/.lab-installed: requirements.txt pyproject.toml | $(BIN)/python
 \t@echo "Installing into $(VENV): a minute or a few the first time, with progress as it goes."
-\t@if [ "$$($(BIN)/python src/mha/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \\
+\t@if [ "$$($(BIN)/python tools/torch_build.py --cpu $(CPU) --pin "$(TORCH_PIN)")" = cpu ]; then \\
 \t  $(INSTALL) --index-url $(TORCH_CPU_INDEX) "$(TORCH_PIN)"; fi
 \t$(INSTALL) -r requirements.txt
 \t@# jsonschema's "format-nongpl" extra (via jupyter-events) pulls in rfc3987-syntax, which
@@ -215,7 +219,9 @@ CPU/MPS builds anyway.)
 |---|---|
 {lesson_rows}
 {assignment_rows}
-| `src/mha/` | the package the lessons and assignments import (`make lab` installs it) |
+| `src/mha/` | the library the lessons and assignments import (`make lab` installs it) |
+| `src/mha_course/` | the course's Try-it self-checks and pictures (installed with it) |
+| `tools/` | the installers `make lab` runs |
 
 Start with `notebooks/00_overview.ipynb`. The assignments follow the lessons; each one says
 which lessons it builds on.

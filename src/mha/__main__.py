@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import checks
-from .numpy_mha import MultiHeadAttention, format_ledger
+from mha import checks
+from mha.modules.numpy_mha import MultiHeadAttention, format_ledger
 
 
 def main() -> None:

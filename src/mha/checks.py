@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
-from .validate import shape_of
+from mha.validate import shape_of
 
 
 def check_shape(x, expected: Sequence[int | None], name: str = "tensor") -> str:
@@ -161,15 +161,3 @@ def check_causal(
     return (f"causal: outputs 0..{t} bit-identical when inputs {t + 1}..{T - 1} change; "
             f"output {t} changes when input {t} does")
 
-
-def check_padded_positions(answer, lengths: Sequence[int], T: int) -> str:
-    """Self-check for left-padded positions (B, T): 0..L-1 on each sequence's real tokens, -1 on pads.
-
-    Names the usual mistakes (pads on the wrong side, pads at 0, counting from 1, counting from
-    the first column, one row of 0..T-1 for all, ...): the judge of 17_generation.ipynb's Try-it,
-    `mha.tryit.generation.judge_padded_positions`, which raises NotYet (an AssertionError). Any
-    negative pad position is right.
-    """
-    from .tryit.generation import judge_padded_positions as check  # tryit imports compose
-
-    return check(answer, lengths, T)

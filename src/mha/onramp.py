@@ -25,8 +25,8 @@ from typing import Any
 
 import numpy as np
 
-from . import steps
-from .validate import require_float, require_int, require_shape, require_tokens, shape_of
+from mha import steps
+from mha.validate import require_float, require_int, require_shape, require_tokens, shape_of
 
 
 # ---- toy word vectors --------------------------------------------------------------------------

@@ -22,7 +22,7 @@ import math
 
 import numpy as np
 
-from .validate import require_float, require_int, require_shape, shape_of
+from mha.validate import require_float, require_int, require_shape, shape_of
 
 
 # 1) Linear projection -------------------------------------------------------------

@@ -18,7 +18,7 @@ def setup(lesson, tryit, which):
     S["which"] = which
     if lesson == 2:
         from mha import steps
-        from mha.numpy_mha import MultiHeadAttention
+        from mha.modules.numpy_mha import MultiHeadAttention
         B, T, d_model = 2, 4, 8
         rng = np.random.default_rng(0)
         x = rng.normal(0.0, 1.0, (B, T, d_model))
@@ -29,8 +29,8 @@ def setup(lesson, tryit, which):
         q2, k2, v2 = np.split(qkv, 3, axis=-1)
         S.update(B=B, T=T, d_model=d_model, qkv=qkv, q2=q2, q=steps.linear(x, m.Wq, m.bq))
     if lesson == 9:
-        from mha import numpy_mha
-        from mha.torch_mha import MultiHeadAttention
+        from mha.modules import numpy_mha
+        from mha.modules.torch_mha import MultiHeadAttention
         torch.manual_seed(0)
         B, T, d_model, n_heads = 2, 6, 512, 8
         S["np_mha"] = numpy_mha.MultiHeadAttention(d_model, n_heads, seed=42)
@@ -38,7 +38,7 @@ def setup(lesson, tryit, which):
         x_np = np.random.default_rng(0).normal(0.0, 1.0, (B, T, d_model))
         S.update(B=B, T=T, d_model=d_model, x=torch.from_numpy(x_np), x_np=x_np)
     if lesson == 10:
-        from mha import train as tr
+        from mha.training import train as tr
 
         def rotation_batch(generator, B, T, vocab):
             x = torch.randint(0, vocab, (B, T), generator=generator)
@@ -53,7 +53,7 @@ def setup(lesson, tryit, which):
         else:
             S["read"] = maps_rot.argmax(dim=-1).numpy()
     if lesson == 11:
-        from mha import bench
+        from mha.perf import bench
         torch.manual_seed(0)
         q_try = torch.randn(1, 8, 256, 64)
         S["measured"] = bench.kernel_that_runs(q_try, q_try, q_try, dropout_p=0.1)
@@ -127,7 +127,8 @@ for i, (kind, mistake, kw, pred, qfn) in enumerate([
 
 
 def _rule_planted(B, T, d_model, h):
-    from mha import planted, steps
+    from mha_course import planted
+    from mha import steps
     xs = np.random.default_rng(1).normal(size=(B, T, d_model))
     return bool(np.array_equal(planted.merge_no_transpose(steps.split_heads(xs, h)), xs))
 
@@ -570,7 +571,7 @@ for i, (kind, mistake, kw, n) in enumerate([
 
 
 def _kvc(B, h, max_len, d_k, itemsize):
-    from mha.kv_cache import KVCache
+    from mha.inference.kv_cache import KVCache
     dt = {2: np.float16, 4: np.float32, 8: np.float64}[itemsize]
     return KVCache(B, h, max_len, d_k, dt).nbytes
 
@@ -638,7 +639,7 @@ def _dm_hard(lengths, T):
 
 
 def _dm_pkg(lengths, T):
-    from mha import masks
+    from mha.attention import masks
     return masks.padding_mask(lengths, T, causal=True)
 
 
@@ -694,7 +695,7 @@ def _sb_zero(g, w):
 
 
 def _sb_pkg(g, w):
-    from mha import grad
+    from mha.training import grad
     return grad.softmax_backward(g, w)
 
 
@@ -808,7 +809,7 @@ def _pp_off(lengths, T):
 
 
 def _pp_pkg(lengths, T):
-    from mha import compose
+    from mha.modules import compose
     return compose.padded_positions(lengths, T)
 
 
@@ -855,7 +856,7 @@ for i, (kind, mistake, kw, fn, old_ok) in enumerate([
 
 
 def _rb_pkg(B, h, T, W, d_k, itemsize):
-    from mha import parallel
+    from mha.parallel import ring as parallel
     return (W - 1) * parallel.ring_bytes_per_step(B, h, T, W, d_k, itemsize)
 
 

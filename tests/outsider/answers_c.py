@@ -17,7 +17,7 @@ def ctx(lesson):
     c = {}
     if lesson == 2:
         from mha import steps
-        from mha.numpy_mha import MultiHeadAttention
+        from mha.modules.numpy_mha import MultiHeadAttention
         B, T, d_model, n_heads = 2, 4, 8, 2
         rng = np.random.default_rng(0)
         x = rng.normal(0.0, 1.0, (B, T, d_model))
@@ -29,8 +29,8 @@ def ctx(lesson):
         c.update(B=B, T=T, d_model=d_model, n_heads=n_heads, qkv=qkv, q2=q2)
     if lesson == 9:
         import torch
-        from mha import numpy_mha
-        from mha.torch_mha import MultiHeadAttention
+        from mha.modules import numpy_mha
+        from mha.modules.torch_mha import MultiHeadAttention
         torch.manual_seed(0)
         B, T, d_model, n_heads = 2, 6, 512, 8
         np_mha = numpy_mha.MultiHeadAttention(d_model, n_heads, seed=42)
@@ -40,7 +40,7 @@ def ctx(lesson):
         c.update(B=B, T=T, d_model=d_model, n_heads=n_heads, np_mha=np_mha, pt_mha=pt_mha, x=x)
     if lesson == 10:
         import torch
-        from mha import train as tr
+        from mha.training import train as tr
 
         def rotation_batch(generator, B, T, vocab):
             x = torch.randint(0, vocab, (B, T), generator=generator)
@@ -54,7 +54,7 @@ def ctx(lesson):
         c.update(argmax=maps_rot.argmax(dim=-1))
     if lesson == 11:
         import torch
-        from mha import bench
+        from mha.perf import bench
         torch.manual_seed(0)
         q_try = torch.randn(1, 8, 256, 64)
         c.update(measured=bench.kernel_that_runs(q_try, q_try, q_try, dropout_p=0.1))
@@ -173,7 +173,8 @@ def _r03_order(B, h, T, d_model):  # arguments written in the (B, h, T, d) order
 
 
 def _r03_runs(B, T, d_model, h):
-    from mha import planted, steps
+    from mha_course import planted
+    from mha import steps
     x = np.random.default_rng(0).normal(size=(B, T, d_model))
     return bool(np.allclose(planted.merge_no_transpose(steps.split_heads(x, h)), x))
 
@@ -683,7 +684,7 @@ _l13(10, "wrong", "two slips: K and V counted twice and float64: 16777216", ["tw
 
 
 def _kvc(B, h, max_len, d_k, itemsize):
-    from mha.kv_cache import KVCache
+    from mha.inference.kv_cache import KVCache
     return KVCache(B, h, max_len, d_k, dtype={2: np.float16, 4: np.float32, 8: np.float64}[itemsize]).nbytes
 
 
@@ -752,7 +753,7 @@ def _dm_left(lengths, T):
 
 
 def _dm_pkg(lengths, T):
-    from mha import masks
+    from mha.attention import masks
     return masks.padding_mask(np.asarray(lengths), T, causal=True)
 
 
@@ -820,7 +821,7 @@ def _sb_nan(dw, w):
 
 
 def _sb_pkg(dw, w):
-    from mha import grad
+    from mha.training import grad
     return grad.softmax_backward(dw, w)
 
 
@@ -927,7 +928,7 @@ def _pp_T(lengths, T):
 
 
 def _pp_pkg(lengths, T):
-    from mha import compose
+    from mha.modules import compose
     return compose.padded_positions(np.asarray(lengths), T)
 
 
@@ -966,7 +967,7 @@ for _n, (_k, _m, _kw, _f, _old) in enumerate([
 
 # ---------------------------------------------------------------- 18 ring bytes
 def _rb_pkg(B, h, T, W, d_k, itemsize):
-    from mha import parallel
+    from mha.parallel import ring as parallel
     return (W - 1) * parallel.ring_bytes_per_step(B, h, T, W, d_k, itemsize)
 
 

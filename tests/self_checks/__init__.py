@@ -1,4 +1,4 @@
-"""The cases of the Try-it self-check contract: one module per `mha.tryit` module, same name.
+"""The cases of the Try-it self-check contract: one module per `mha_course.tryit` module, same name.
 
 Each module defines CASES, a list of `Case`. `tests/test_self_checks.py` runs them all.
 """

@@ -1,10 +1,10 @@
-"""Contract cases for mha.tryit.attention_across_devices (18_attention_across_devices.ipynb)."""
+"""Contract cases for mha_course.tryit.attention_across_devices (18_attention_across_devices.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha import parallel
-from mha.tryit import attention_across_devices as tryit
+from mha.parallel import ring as parallel
+from mha_course.tryit import attention_across_devices as tryit
 from tests.self_checks import Case
 
 SIZES = (1, 8, 4096, 4, 64, 4)  # B, h, T, W, d_k, itemsize: the lesson's ring, float32
@@ -46,7 +46,7 @@ CASES = [
              "it does not use h": call(lambda B, h, T, W, d_k, itemsize: by_hand(B, 8, T, W, d_k, itemsize)),
              "W steps counted (the last block is not sent on), and K alone": call(
                  lambda B, h, T, W, d_k, itemsize: W * B * h * (T // W) * d_k * itemsize),
-             "used the package's own mha.parallel.ring_bytes_per_step": call(
+             "used the package's own mha.parallel.ring.ring_bytes_per_step": call(
                  lambda B, h, T, W, d_k, itemsize: (W - 1) * parallel.ring_bytes_per_step(
                      B, h, T, W, d_k, itemsize) - (W - 1) * (T // W) * 8),
              "pass the function": lambda: (12_582_912.0, *SIZES),  # right, but a number hides slips

@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.attention_from_scratch (01_attention_from_scratch.ipynb)."""
+"""Contract cases for mha_course.tryit.attention_from_scratch (01_attention_from_scratch.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import attention_from_scratch as tryit
+from mha_course.tryit import attention_from_scratch as tryit
 from tests.self_checks import Case
 
 T = 8

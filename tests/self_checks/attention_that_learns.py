@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.attention_that_learns (10_attention_that_learns.ipynb)."""
+"""Contract cases for mha_course.tryit.attention_that_learns (10_attention_that_learns.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import attention_that_learns as tryit
+from mha_course.tryit import attention_that_learns as tryit
 from tests.self_checks import Case
 
 RIGHT = [3, 4, 5, 6, 7, 0, 1, 2]  # y[t] = x[(t + 3) % 8], worked out by hand

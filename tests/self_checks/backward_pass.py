@@ -1,10 +1,11 @@
-"""Contract cases for mha.tryit.backward_pass (15_backward_pass.ipynb)."""
+"""Contract cases for mha_course.tryit.backward_pass (15_backward_pass.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha import grad, planted
-from mha.tryit import backward_pass as tryit
+from mha.training import grad
+from mha_course import planted
+from mha_course.tryit import backward_pass as tryit
 from tests.self_checks import Case
 
 
@@ -74,9 +75,9 @@ CASES = [
                 "needs no division": lambda: (lambda g, w: w * (g - (w * g).sum(-1, keepdims=True)
                                                                 / w.sum(-1, keepdims=True)),),
                 # the issue's finding: the package's own gradient is not the student's work
-                "the package's own mha.grad.softmax_backward": lambda: (grad.softmax_backward,),
+                "the package's own mha.training.grad.softmax_backward": lambda: (grad.softmax_backward,),
                 "answer key": lambda: (lambda g, w: grad.softmax_backward(g, w),),
-                "mha.planted": lambda: (planted.softmax_no_outer_product,),
+                "mha_course.planted": lambda: (planted.softmax_no_outer_product,),
                 "(S, S), S the number of keys": lambda: (eye_of_queries,),
                 "return J itself": lambda: (lambda g, w: jacobian(w),),
                 "outer product's sign": lambda: (lambda g, w: np.einsum(

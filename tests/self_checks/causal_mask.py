@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.causal_mask (05_causal_mask.ipynb)."""
+"""Contract cases for mha_course.tryit.causal_mask (05_causal_mask.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import causal_mask as tryit
+from mha_course.tryit import causal_mask as tryit
 from tests.self_checks import Case
 
 T = 6

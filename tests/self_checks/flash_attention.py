@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.flash_attention (12_flash_attention.ipynb)."""
+"""Contract cases for mha_course.tryit.flash_attention (12_flash_attention.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import flash_attention as tryit
+from mha_course.tryit import flash_attention as tryit
 from tests.self_checks import Case
 
 CASES = [

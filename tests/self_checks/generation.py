@@ -1,10 +1,10 @@
-"""Contract cases for mha.tryit.generation (17_generation.ipynb): my_positions(lengths, T)."""
+"""Contract cases for mha_course.tryit.generation (17_generation.ipynb): my_positions(lengths, T)."""
 
 import numpy as np
 import torch
 
-from mha import compose
-from mha.tryit import generation as tryit
+from mha.modules import compose
+from mha_course.tryit import generation as tryit
 from tests.self_checks import Case
 
 LENGTHS, T = [2, 5, 3], 5
@@ -52,7 +52,7 @@ CASES = [
                       lambda: (by_hand, (2, 5, 3), 5)],  # the defaults' tuple
          wrong={
              # the issue's findings
-             "used the package's own mha.compose.padded_positions": call(
+             "used the package's own mha.modules.compose.padded_positions": call(
                  lambda ls, T: compose.padded_positions(np.asarray(ls), T)),
              "put your lines in a def": lambda: (RIGHT.copy(), LENGTHS, T),  # a value, not the rule
              "same array for lengths [1, 4]": call(lambda ls, T: RIGHT.copy()),  # typed for one batch

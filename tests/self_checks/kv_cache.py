@@ -1,11 +1,11 @@
-"""Contract cases for mha.tryit.kv_cache (13_kv_cache.ipynb)."""
+"""Contract cases for mha_course.tryit.kv_cache (13_kv_cache.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha import kv_cache
-from mha.kv_cache import KVCache
-from mha.tryit import kv_cache as tryit
+from mha.inference import kv_cache
+from mha.inference.kv_cache import KVCache
+from mha_course.tryit import kv_cache as tryit
 from tests.self_checks import Case
 
 RIGHT = 4_194_304  # 2 * 1 * 8 * 1024 * 64 * 4, worked by hand

@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.merge_and_output (08_merge_and_output.ipynb)."""
+"""Contract cases for mha_course.tryit.merge_and_output (08_merge_and_output.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import merge_and_output as tryit
+from mha_course.tryit import merge_and_output as tryit
 from tests.self_checks import Case
 
 T = 6

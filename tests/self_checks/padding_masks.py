@@ -1,10 +1,11 @@
-"""Contract cases for mha.tryit.padding_masks (14_padding_masks.ipynb): my_decoder_mask(lengths, T)."""
+"""Contract cases for mha_course.tryit.padding_masks (14_padding_masks.ipynb): my_decoder_mask(lengths, T)."""
 
 import numpy as np
 import torch
 
-from mha import masks, steps
-from mha.tryit import padding_masks as tryit
+from mha import steps
+from mha.attention import masks
+from mha_course.tryit import padding_masks as tryit
 from tests.self_checks import Case
 
 LENGTHS, T = [5, 3, 1], 5
@@ -106,7 +107,7 @@ CASES = [
                 "(B, 1, 1, S)": lambda: (built(lambda real, le, tri, keys, rows: keys),),
                 # the issue's finding: the package's builder must not pass as the student's work
                 "answer key": lambda: (lambda lengths, T: masks.padding_mask(lengths, T, causal=True),),
-                "the package's own mha.masks": lambda: (masks.padding_mask,),
+                "the package's own mha.attention.masks": lambda: (masks.padding_mask,),
                 "wants the function": lambda: (by_hand(LENGTHS, T),),  # an array, not a function
                 "same mask": lambda: (lambda lengths, T: by_hand(try_lengths, 5),),  # the notebook's batch
                 "longest length": lambda: (lambda lengths, T: by_hand(lengths, int(max(lengths))),),

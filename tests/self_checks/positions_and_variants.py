@@ -1,10 +1,10 @@
-"""Contract cases for mha.tryit.positions_and_variants (16_positions_and_variants.ipynb)."""
+"""Contract cases for mha_course.tryit.positions_and_variants (16_positions_and_variants.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha import compose
-from mha.tryit import positions_and_variants as tryit
+from mha.modules import compose
+from mha_course.tryit import positions_and_variants as tryit
 from tests.self_checks import Case
 
 

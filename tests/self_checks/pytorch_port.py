@@ -1,4 +1,4 @@
-"""Contract cases for mha.tryit.pytorch_port (09_pytorch_port.ipynb).
+"""Contract cases for mha_course.tryit.pytorch_port (09_pytorch_port.ipynb).
 
 The right answers are written here in plain torch from the numpy module's weights (the forward)
 and with tests/reference.py's loops (the padded output), not with the code the checks compare to.
@@ -10,9 +10,10 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from mha import diagnose, numpy_mha
-from mha.torch_mha import MultiHeadAttention
-from mha.tryit import pytorch_port as tryit
+from mha.modules import numpy_mha
+from mha.modules.torch_mha import MultiHeadAttention
+from mha_course import diagnose
+from mha_course.tryit import pytorch_port as tryit
 from tests.reference import attention_loops
 from tests.self_checks import Case
 
@@ -180,8 +181,8 @@ CASES = [
                 "torch.from_numpy": lambda: (_numpy_input, NP_MHA),
                 "forget the `return`": lambda: (lambda x_np: None, NP_MHA),
                 # the issue's forbidden shortcuts, refused by the grading guard
-                "mha.torch_mha.MultiHeadAttention": lambda: (calls_pt_mha, NP_MHA),
-                "mha.numpy_mha.MultiHeadAttention": lambda: (calls_np_mha, NP_MHA),
+                "mha.modules.torch_mha.MultiHeadAttention": lambda: (calls_pt_mha, NP_MHA),
+                "mha.modules.numpy_mha.MultiHeadAttention": lambda: (calls_np_mha, NP_MHA),
                 "my_forward is the package's own": lambda: (PT_TWIN, NP_MHA),
                 # not in the old table
                 "sqrt(d_model) instead of sqrt(d_k)": lambda: (forward(scale=1 / D_MODEL ** 0.5),

@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.qkv_projection (02_qkv_projection.ipynb)."""
+"""Contract cases for mha_course.tryit.qkv_projection (02_qkv_projection.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import qkv_projection as tryit
+from mha_course.tryit import qkv_projection as tryit
 from tests.self_checks import Case
 
 B, T, D = 2, 4, 8

@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.scaled_scores (04_scaled_scores.ipynb)."""
+"""Contract cases for mha_course.tryit.scaled_scores (04_scaled_scores.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import scaled_scores as tryit
+from mha_course.tryit import scaled_scores as tryit
 from tests.self_checks import Case
 
 # By hand, for sigma^2 = 4 and d_k = 64: Var(q_i k_i) = 4 * 4 = 16, Var(q.k) = 16 * 64 = 1024,

@@ -1,10 +1,10 @@
-"""Contract cases for mha.tryit.sdpa_backends (11_sdpa_backends.ipynb)."""
+"""Contract cases for mha_course.tryit.sdpa_backends (11_sdpa_backends.ipynb)."""
 
 import numpy as np
 import torch
 from torch.nn.attention import SDPBackend
 
-from mha.tryit import sdpa_backends as tryit
+from mha_course.tryit import sdpa_backends as tryit
 from tests.self_checks import Case
 
 GIB = 1 * 32 * 8192 * 8192 * 2 / 2**30  # B * h * T * T numbers, 2 bytes each (bfloat16): 4.0

@@ -1,9 +1,9 @@
-"""Contract cases for mha.tryit.softmax (06_softmax.ipynb)."""
+"""Contract cases for mha_course.tryit.softmax (06_softmax.ipynb)."""
 
 import numpy as np
 import torch
 
-from mha.tryit import softmax as tryit
+from mha_course.tryit import softmax as tryit
 from tests.self_checks import Case
 
 # By hand: the mean of [2000, 0, 0, 0] is 500, so exp(2000 - 500) = exp(1500), and float64's exp

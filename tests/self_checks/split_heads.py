@@ -1,9 +1,10 @@
-"""Contract cases for mha.tryit.split_heads (03_split_heads.ipynb)."""
+"""Contract cases for mha_course.tryit.split_heads (03_split_heads.ipynb)."""
 
 import numpy as np
 
-from mha import planted, steps
-from mha.tryit import split_heads as tryit
+from mha import steps
+from mha_course import planted
+from mha_course.tryit import split_heads as tryit
 from tests.self_checks import Case
 
 

@@ -1,4 +1,4 @@
-"""Contract cases for mha.tryit.weighted_sum (07_weighted_sum.ipynb).
+"""Contract cases for mha_course.tryit.weighted_sum (07_weighted_sum.ipynb).
 
 The answers are functions v -> (B, h, T, d_k); the right ones here are built with loops, the
 wrong ones each make one slip. The check also runs them on a second v of shape (2, 3, 5, 3).
@@ -8,7 +8,7 @@ import numpy as np
 import torch
 
 from mha import steps
-from mha.tryit import weighted_sum as tryit
+from mha_course.tryit import weighted_sum as tryit
 from tests.self_checks import Case
 
 V = np.random.default_rng(7).normal(size=(1, 1, 4, 2))  # the lesson's v_try (B, h, S, d_k)

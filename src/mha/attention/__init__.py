@@ -1,0 +1,1 @@
+"""Attention itself: the backends, masks, positions and tiled kernels."""

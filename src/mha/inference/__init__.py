@@ -1,0 +1,1 @@
+"""Decoding: the KV cache and generation."""

@@ -1,0 +1,1 @@
+"""The multi-head attention modules (numpy, torch) and what hooks into them."""

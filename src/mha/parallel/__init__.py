@@ -1,0 +1,1 @@
+"""Attention across devices: ring attention, Ulysses and the launcher."""

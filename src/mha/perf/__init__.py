@@ -1,0 +1,1 @@
+"""Timing, FLOPs, HBM traffic and hardware figures."""

@@ -1,0 +1,1 @@
+"""Gradients by hand and a tiny training loop."""

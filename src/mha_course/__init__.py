@@ -1,0 +1,1 @@
+"""The course around the library: Try-it checks, graders' helpers, pictures."""

@@ -1,0 +1,1 @@
+"""Repository tools run from the root (installers, the site builder); not installed."""
