@@ -12,7 +12,8 @@ from hypothesis import strategies as st
 
 from mha import checks, steps
 from mha.attention import numpy_attention
-from mha.modules.numpy_mha import MultiHeadAttention, format_ledger
+from mha.ledger import format_ledger
+from mha.modules.numpy_mha import MultiHeadAttention
 from mha.perf.bench import derived_tolerance
 from tests.reference import attention_loops
 

@@ -22,21 +22,23 @@ import torch.nn.functional as F
 from torch.nn.attention.flex_attention import create_mask
 
 from mha import checks, steps
-from mha.attention import masks, numpy_attention, positions, torch_attention
+from mha.attention import masks, numpy_attention, posenc, positions, torch_attention
 from mha.attention.masking import MaskSpec
-from mha.attention.positions import (
+from mha.attention.posenc import (
     alibi_bias,
     alibi_slopes,
+    rope,
+    rope_tables,
+    rotate_half,
+    rotate_pairs,
+)
+from mha.attention.positions import (
     attend,
     flex_attend,
     flex_spec,
     gqa_from_mha,
     gqa_param_count,
-    rope,
     rope_scores,
-    rope_tables,
-    rotate_half,
-    rotate_pairs,
     torch_attend,
     torch_flex_attend,
 )
@@ -327,7 +329,7 @@ def test_alibi_bias_values_shape_and_offset():
     np.testing.assert_array_equal(np.diagonal(b, axis1=1, axis2=2), 0.0)
     # a chunk of 3 queries after 5 cached keys sees the bottom rows of the full bias
     np.testing.assert_array_equal(alibi_bias(4, 3, 8, offset=5), alibi_bias(4, 8)[:, 5:, :])
-    t = positions.torch_alibi_bias(4, 5, dtype=torch.float64)
+    t = posenc.torch_alibi_bias(4, 5, dtype=torch.float64)
     np.testing.assert_array_equal(t.numpy(), b)
 
 
@@ -705,7 +707,7 @@ def test_flex_attention_equals_numpy_attend_float64(rng, kind, case):
 def test_flex_attention_float32_within_a_derived_tolerance(rng):
     g = torch.Generator().manual_seed(0)
     q, k, v = (torch.randn(2, 4, 33, 16, generator=g, dtype=torch.float64) for _ in range(3))
-    bias = positions.torch_alibi_bias(4, 33, dtype=torch.float64)
+    bias = posenc.torch_alibi_bias(4, 33, dtype=torch.float64)
     mask = bias.masked_fill(~torch.ones(33, 33, dtype=torch.bool).tril(), float("-inf"))
     golden = F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
     with torch.no_grad():

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from mha import steps
+from mha.attention import posenc
 from mha.modules.numpy_mha import MultiHeadAttention
 from mha_course import viz
 
@@ -329,14 +330,13 @@ def test_alibi_pattern_equals_sdpa_with_the_bias_as_float_mask():
     import torch
     import torch.nn.functional as F
 
-    from mha.attention import positions
 
     T, h = 8, 4
     got = viz.attention_maps(16, h, T, causal=True, pattern="alibi")
     mha, x = _module_inputs(h=h, T=T)
     q = torch.from_numpy(x[0] @ mha.Wq).reshape(T, h, 4).transpose(0, 1)[None]  # (1, h, T, d_k)
     k = torch.from_numpy(x[0] @ mha.Wk).reshape(T, h, 4).transpose(0, 1)[None]  # (1, h, T, d_k)
-    bias = torch.as_tensor(positions.alibi_bias(h, T))  # (h, T, T)
+    bias = torch.as_tensor(posenc.alibi_bias(h, T))  # (h, T, T)
     bias = bias.masked_fill(~torch.ones(T, T, dtype=torch.bool).tril(), float("-inf"))
     eye = torch.eye(T, dtype=torch.float64).expand(1, h, T, T)
     want = F.scaled_dot_product_attention(q, k, eye, attn_mask=bias[None])  # (1, h, T, T)
@@ -347,13 +347,11 @@ def test_alibi_pattern_equals_sdpa_with_the_bias_as_float_mask():
 
 
 def test_rope_pattern_uses_rotated_q_and_k():
-    from mha.attention import positions
-
     T, h = 6, 2
     got = viz.attention_maps(16, h, T, causal=False, pattern="rope")
     mha, x = _module_inputs(h=h, T=T)
-    q = positions.rope(steps.split_heads(x @ mha.Wq, h))  # (1, h, T, d_k)
-    k = positions.rope(steps.split_heads(x @ mha.Wk, h))  # (1, h, T, d_k)
+    q = posenc.rope(steps.split_heads(x @ mha.Wq, h))  # (1, h, T, d_k)
+    k = posenc.rope(steps.split_heads(x @ mha.Wk, h))  # (1, h, T, d_k)
     scores = np.einsum("bhtd,bhsd->bhts", q, k) / np.sqrt(8)  # (1, h, T, T)
     want = np.exp(scores - scores.max(-1, keepdims=True))
     want /= want.sum(-1, keepdims=True)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 
 from mha import checks
-from mha.modules.numpy_mha import MultiHeadAttention, format_ledger
+from mha.ledger import format_ledger
+from mha.modules.numpy_mha import MultiHeadAttention
 
 
 def main() -> None:

@@ -14,8 +14,9 @@ from matplotlib.figure import Figure
 from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from mha import steps
-from mha.attention import masks
-from mha.modules.numpy_mha import LedgerRow, MultiHeadAttention
+from mha.attention import masks, posenc
+from mha.ledger import LedgerRow
+from mha.modules.numpy_mha import MultiHeadAttention
 from mha.validate import require_heads, require_int, shape_of
 
 PIPELINE = [
@@ -229,15 +230,11 @@ def attention_maps(d_model: int = 16, n_heads: int = 4, T: int = 6, causal: bool
     zeros = np.zeros(d_model)
     q = steps.split_heads(steps.linear(x, Wq, zeros), n_heads)  # (1, h, T, d_k)
     k = steps.split_heads(steps.linear(x, Wk, zeros), n_heads)  # (1, h, T, d_k)
-    if pattern in ("rope", "alibi"):
-        # imported here: mha.attention.positions loads torch (for its torch twins), and the explorer's
-        # other patterns, and the numpy lessons and graders that import viz, need none of it
-        from mha.attention import positions
     if pattern == "rope":  # rotate q and k by their positions (needs an even d_k)
-        q, k = positions.rope(q), positions.rope(k)  # (1, h, T, d_k) each
+        q, k = posenc.rope(q), posenc.rope(k)  # (1, h, T, d_k) each
     scores = steps.scaled_scores(q, k) / float(temperature)  # (1, h, T, T)
     if pattern == "alibi":
-        scores = scores + positions.alibi_bias(n_heads, T)[None]  # (1, h, T, T) + (1, h, T, T)
+        scores = scores + posenc.alibi_bias(n_heads, T)[None]  # (1, h, T, T) + (1, h, T, T)
     allowed = explorer_mask(T, causal, pattern, window)  # None or (T, T)
     if allowed is not None:
         scores = steps.apply_mask(scores, allowed)  # (1, h, T, T), -inf where not allowed

@@ -46,21 +46,11 @@ from torch.nn.attention.flex_attention import flex_attention
 
 from mha import steps
 from mha.attention.masking import MaskSpec
-from mha.attention.posenc import (  # noqa: F401  (RoPE and ALiBi, re-exported: the lessons reach them here)
-    alibi_bias,
-    alibi_slopes,
-    rope,
-    rope_frequencies,
-    rope_permutation,
-    rope_tables,
-    rotate_half,
-    rotate_pairs,
-    torch_alibi_bias,
-)
+from mha.attention.posenc import alibi_slopes, rope
 from mha.modules import compose, numpy_mha, torch_mha
 from mha.validate import is_torch, require_heads, require_int
 
-# ---- RoPE and ALiBi live in mha.attention.posenc (the modules use them too); re-exported here ---------------
+# ---- RoPE and ALiBi live in mha.attention.posenc (the modules use them too) ---------------
 _rope = rope  # attend's flag is called `rope` too
 
 

@@ -18,7 +18,7 @@ from mha.attention.backends import Call
 from mha.attention.masking import MaskSpec
 from mha.attention.numpy_attention import BACKENDS, attention
 from mha.inference.kv_cache import KVCache
-from mha.ledger import LedgerRow, format_ledger  # noqa: F401  (re-exported for callers)
+from mha.ledger import LedgerRow
 from mha.modules import compose
 from mha.validate import (
     mask_shape,

@@ -4,8 +4,8 @@
                                RoPE mistakes (ROPE_BUGS) by matching the student's numbers
     ROPE_BUGS                  name -> (score_fn that makes the mistake, the cause reported)
 
-Used by 16_positions_and_variants.ipynb; the library's RoPE is `mha.attention.posenc.rope` (re-exported
-by `mha.attention.positions`, with the correct score function `positions.rope_scores`).
+Used by 16_positions_and_variants.ipynb; the library's RoPE is `mha.attention.posenc.rope`, and the correct score
+function `mha.attention.positions.rope_scores`.
 """
 
 from __future__ import annotations
