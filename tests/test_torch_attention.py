@@ -124,7 +124,7 @@ def test_triton_runs_the_causal_staircase_with_its_offset():
     q = torch.randn(1, 2, 5, 16, generator=g, dtype=torch.float64)
     k, v = (torch.randn(1, 2, 9, 16, generator=g, dtype=torch.float64) for _ in range(2))
     spec = MaskSpec.plain(5, 9, causal=True, like=q, aligned="bottom_right")
-    assert torch_attention.causal_offset(spec) == 4
+    assert spec.causal_offset() == 4
     got, _ = attention(q, k, v, spec, backend="triton", block_q=16, block_k=16)
     assert float((got - reference(q, k, v, spec.dense(), None)).abs().max()) < 1e-12
 

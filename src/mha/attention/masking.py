@@ -310,6 +310,24 @@ class MaskSpec:
         q0, k0 = _first(self.q_pos), _first(self.k_pos)
         return q0 is not None and q0 == k0  # k0 + s <= q0 + t  <=>  s <= t
 
+    def causal_offset(self) -> int | None:
+        """o when q = o + 0..T-1 and k = 0..S-1 (one row for all): causal is then "s <= t + o"."""
+        if self.k_pos.ndim != 1 or (self.S and _first(self.k_pos) != 0):
+            return None
+        return _first(self.q_pos) if self.T else (0 if self.q_pos.ndim == 1 else None)
+
+    def needs(self) -> set[str]:
+        """The backend features (`backends.FEATURES`) this description asks for.
+
+        Causal alone on a staircase with an offset (`causal_offset`) asks none: every kernel has it.
+        """
+        needs = {"mask"} if self.user is not None else set()
+        needs |= {"documents"} if self.q_doc is not None or self.k_doc is not None else set()
+        needs |= {"window"} if self.window is not None else set()
+        if self._has_padding() or (self.causal and self.causal_offset() is None):
+            needs.add("mask")  # pad keys never read, or causal over positions no staircase describes
+        return needs
+
     # ---- lowering 1: a dense boolean mask ------------------------------------------------------------
     def dense(self, full: bool = False) -> Any:
         """Bool (B|1, h|1, T, S), True = may attend; None when every key is allowed.

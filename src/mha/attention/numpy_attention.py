@@ -132,9 +132,7 @@ def call_needs(q: Any, k: Any, mask: Any = None, bias: Any = None, *, weights: b
     needs = {"gqa"} if shape_of(k)[1] != shape_of(q)[1] else set()
     needs |= {"bias"} if bias is not None else set()
     if isinstance(mask, MaskSpec):
-        needs |= {"mask"} if mask.user is not None else set()
-        needs |= {"window"} if mask.window is not None else set()
-        needs |= {"documents"} if mask.q_doc is not None or mask.k_doc is not None else set()
+        needs |= mask.needs()
     elif mask is not None:
         needs.add("mask")  # an arbitrary boolean array
     needs |= {f for f, wanted in (("weights", weights), ("dropout", dropout),

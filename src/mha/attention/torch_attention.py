@@ -178,37 +178,6 @@ def is_spec(mask: Any) -> bool:
     return mask is not None and hasattr(mask, "sdpa_args") and hasattr(mask, "dense")
 
 
-def causal_offset(spec: Any) -> int | None:
-    """o when the spec's positions are q = o + 0..T-1 and k = 0..S-1 (one row for all), else None.
-
-    Then causal is the staircase "key s <= query t + o" that tiled kernels skip tiles by.
-    """
-    q_pos, k_pos = (torch.as_tensor(p) for p in (spec.q_pos, spec.k_pos))
-    if q_pos.ndim != 1 or k_pos.ndim != 1:
-        return None
-    T, S = q_pos.shape[0], k_pos.shape[0]
-    if not torch.equal(k_pos.cpu(), torch.arange(S)):
-        return None
-    offset = int(q_pos[0]) if T else 0
-    return offset if torch.equal(q_pos.cpu(), offset + torch.arange(T)) else None
-
-
-def spec_needs(spec: Any) -> set[str]:
-    """The features a MaskSpec asks of a backend (causal alone, on plain positions, asks none)."""
-    needs = set()
-    if spec.user is not None:
-        needs.add("mask")
-    if spec.q_doc is not None or spec.k_doc is not None:
-        needs.add("documents")
-    if spec.window is not None:
-        needs.add("window")
-    if bool((torch.as_tensor(spec.k_pos) < 0).any()):
-        needs.add("mask")  # padding: negative key positions are never read
-    elif spec.causal and causal_offset(spec) is None:
-        needs.add("mask")  # causal over positions no staircase with an offset describes
-    return needs
-
-
 def call_needs(q: torch.Tensor, k: torch.Tensor, mask: Any = None, bias: Any = None,
                **options: Any) -> Call:
     """The Call this attention call makes: device, dtype and the features it needs (`backends.FEATURES`)."""
@@ -218,7 +187,7 @@ def call_needs(q: torch.Tensor, k: torch.Tensor, mask: Any = None, bias: Any = N
     if bias is not None or options.get("score_mod") is not None:
         needs.add("bias")
     if is_spec(mask):
-        needs |= spec_needs(mask)
+        needs |= mask.needs()
     elif mask is not None:
         needs.add("mask")
     if options.get("dropout_p", 0.0):
@@ -418,7 +387,7 @@ def _run_triton(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: Any, bi
     """triton: the tiled kernel, causal as the staircase with an offset (the only mask it takes)."""
     causal, offset = False, 0
     if is_spec(mask) and mask.causal:
-        causal, offset = True, causal_offset(mask)
+        causal, offset = True, mask.causal_offset()
     out, _ = triton_flash.flash_forward(q, k, v, causal=causal, offset=offset,
                                         block_q=block_q, block_k=block_k)  # (B, h, T, d_k)
     return out, None
