@@ -220,14 +220,19 @@ def allowed(q_pos: Any, k_pos: Any, causal: bool, window: int | None, mask: Any,
     return mask_spec(q_pos, k_pos, causal, window, mask, B, h).dense()
 
 
-def check_cache(module: Any, cache: Any, cache_type: type, B: int, T: int, context: Any,
-                mask: Any) -> None:
-    """Check that `cache` (or None) fits this module and call, before anything is written to it."""
+def check_cache(module: Any, cache: Any, cache_type: type | tuple[type, ...], B: int, T: int,
+                context: Any, mask: Any) -> None:
+    """Check that `cache` (or None) fits this module and call, before anything is written to it.
+
+    `cache_type`: the cache class, or a tuple of them (a dense KVCache or a PagedKVCache).
+    """
     if cache is None:
         return
     if not isinstance(cache, cache_type):
-        raise TypeError(f"cache must be a {cache_type.__name__} for this module, got "
-                        f"{type(cache).__name__}")
+        types = cache_type if isinstance(cache_type, tuple) else (cache_type,)
+        also = "".join(f"; a {t.__name__} serves too" for t in types[1:])
+        raise TypeError(f"cache must be a {types[0].__name__} for this module, got "
+                        f"{type(cache).__name__}{also}")
     if context is not None:
         raise ValueError("a KV cache serves self-attention (keys from the tokens themselves); "
                          "call without context")
@@ -238,10 +243,13 @@ def check_cache(module: Any, cache: Any, cache_type: type, B: int, T: int, conte
                          f"dtype={want[3]}, window={want[4]}) to serve this module and x, got "
                          f"(B={got[0]}, n_kv_heads={got[1]}, d_k={got[2]}, dtype={got[3]}, "
                          f"window={got[4]}); module.new_cache(B, max_len) builds one that fits")
-    if mask is not None and cache.window is not None:
-        raise ValueError("a rolling (window) cache takes no mask: mark pad tokens with negative "
-                         "positions instead")
-    cache.check_room(T)
+    paged = getattr(cache, "paged", False)
+    if mask is not None and (cache.window is not None or paged):
+        kind = "a paged" if paged else "a rolling (window)"
+        raise ValueError(f"{kind} cache takes no mask: mark pad tokens with negative "
+                         f"positions instead")
+    if not paged:  # a paged cache reserves exactly what the real tokens need in update (pads take
+        cache.check_room(T)  # no room), all or nothing before it writes
 
 
 def alibi(opts: Options, h: int, q_pos: Any, k_pos: Any, dtype: Any = None) -> Any:

@@ -18,6 +18,7 @@ from mha.attention.backends import Call
 from mha.attention.masking import MaskSpec
 from mha.attention.numpy_attention import BACKENDS, attention
 from mha.inference.kv_cache import KVCache
+from mha.inference.paged import PagedKVCache
 from mha.ledger import LedgerRow
 from mha.modules import compose
 from mha.validate import (
@@ -108,13 +109,14 @@ class MultiHeadAttention:
 
     def forward(self, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
                 mask: np.ndarray | None = None, positions: np.ndarray | None = None,
-                cache: KVCache | None = None, backend: str | None = None) -> np.ndarray:
+                cache: KVCache | PagedKVCache | None = None, backend: str | None = None
+                ) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         `causal=True` lets a query see keys at positions <= its own. `mask`: boolean, True = may
         attend, (T, S), (B, T, S) or (B|1, h|1, T, S). `positions` (T,) or (B, T) ints (default
-        0..T-1, or after the cache; negative = padding). `cache` (self-attention) keeps k, v for
-        the next call; `backend` overrides the module's. Weights on `self.attn` (None if not formed).
+        0..T-1, or after the cache; negative = padding). `cache` (self-attention; a KVCache or a
+        PagedKVCache, which takes no `mask`) keeps k, v for the next call; `backend` overrides the module's. Weights on `self.attn` (None if not formed).
         """
         B, T, S, backend = self._checked(x, context, mask, cache, backend)
         causal = compose.require_causal(causal, self.options.window)
@@ -180,7 +182,7 @@ class MultiHeadAttention:
                     f"(convert with .astype(np.{self.dtype}) or build the module with "
                     f"dtype=np.{a.dtype})"
                 )
-        compose.check_cache(self, cache, KVCache, B, T, context, mask)
+        compose.check_cache(self, cache, (KVCache, PagedKVCache), B, T, context, mask)
         if mask is not None and not isinstance(mask, MaskSpec):  # a MaskSpec: compose checks it
             mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S

@@ -45,6 +45,7 @@ from mha.attention import torch_attention
 from mha.attention.backends import Call
 from mha.attention.posenc import alibi_slopes
 from mha.inference.kv_cache import TorchKVCache
+from mha.inference.paged import TorchPagedKVCache
 from mha.ledger import LedgerRow
 from mha.modules import compose, numpy_mha
 from mha.modules.convert import WeightConversion
@@ -192,7 +193,8 @@ class MultiHeadAttention(WeightConversion, nn.Module):
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         Same arguments as the numpy twin: `causal`, a boolean `mask` (True = may attend),
-        `positions` (T,) or (B, T) (negative = padding) and a TorchKVCache `cache`.
+        `positions` (T,) or (B, T) (negative = padding) and a TorchKVCache or TorchPagedKVCache
+        `cache` (a paged one takes no `mask`).
         The manual backend keeps the weights (B, h, T, S) on `.attn`. `backend` runs this call
         on another backend than the module's (`torch_attention.BACKENDS`); `mask` may also be a
         `masking.MaskSpec` (packed documents), joined with the module's own rules.
@@ -309,7 +311,7 @@ class MultiHeadAttention(WeightConversion, nn.Module):
             if a.device != device:
                 raise ValueError(f"{name} is on {a.device} but the weights are on {device} "
                                  f"(move it with {name}.to('{device}'))")
-        compose.check_cache(self, cache, TorchKVCache, B, T, context, mask)
+        compose.check_cache(self, cache, (TorchKVCache, TorchPagedKVCache), B, T, context, mask)
         if mask is not None and not torch_attention.is_spec(mask):  # a MaskSpec: compose checks it
             mask_shape(mask, B, self.n_heads, T, S if cache is None else len(cache) + T)
         return B, T, S

@@ -191,8 +191,8 @@ class TinyTransformer(nn.Module):
             return
         T = tokens.shape[1]
         last = T - 1 if positions is None else int(positions.max())
-        if caches:
-            last = max(last, len(caches[0]) + T - 1)
+        if caches and positions is None:  # positions follow the cache (given ones are what is read;
+            last = max(last, len(caches[0]) + T - 1)  # a paged batch's rows differ in length)
         if last >= self.T:
             raise ValueError(f"tokens must have positions < {self.T} (the learned position table), "
                              f"got position {last}; a model with rope= runs at any length")
