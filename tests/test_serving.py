@@ -136,8 +136,12 @@ def serve(model, cases, block_size, n_blocks, max_batch, chunk, prefix=None, cls
             f"request {rid} (prompt {p}, n_new {n}) got {s.finished[rid]}, generating alone "
             f"gives {want}")
     audit(s, spy, per_step, max_batch)
-    event(f"preempted: {s.preemptions > 0}")  # --hypothesis-show-statistics: both kinds drawn
     return s
+
+
+def note(s: Scheduler) -> None:
+    """Tell hypothesis whether this run preempted (--hypothesis-show-statistics: both are drawn)."""
+    event(f"preempted: {s.preemptions > 0}")
 
 
 @st.composite
@@ -163,7 +167,7 @@ def workloads(draw, max_requests: int = 5):
 @given(w=workloads())
 def test_numpy_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
     cases, bs, n_blocks, max_batch, chunk = w
-    serve(NUMPY, cases, bs, n_blocks, max_batch, chunk)
+    note(serve(NUMPY, cases, bs, n_blocks, max_batch, chunk))
 
 
 @quiet
@@ -171,7 +175,7 @@ def test_numpy_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
 @given(w=workloads(max_requests=4))
 def test_torch_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
     cases, bs, n_blocks, max_batch, chunk = w
-    serve(TORCH, cases, bs, n_blocks, max_batch, chunk)
+    note(serve(TORCH, cases, bs, n_blocks, max_batch, chunk))
 
 
 @quiet
@@ -180,7 +184,7 @@ def test_torch_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
 def test_a_sliding_window_model_serves_the_same_tokens(w, window, seed):
     """A window is masked by positions over kept blocks: the scheduler needs nothing new."""
     cases, bs, n_blocks, max_batch, chunk = w
-    serve(tiny(seed, window=window)[1], cases, bs, n_blocks, max_batch, chunk)
+    note(serve(tiny(seed, window=window)[1], cases, bs, n_blocks, max_batch, chunk))
 
 
 @quiet
@@ -252,8 +256,8 @@ def test_requests_sharing_a_prefix_get_the_tokens_they_get_alone(data):
     need = max(math.ceil((len(p) + n - 1) / bs) for p, n, _ in cases) + math.ceil(len(prefix) / bs)
     n_blocks = data.draw(st.integers(need, need + 2) | st.integers(need, need + 12), label="n_blocks")
     model = data.draw(st.sampled_from([NUMPY, TORCH]), label="model")
-    serve(model, cases, bs, n_blocks, data.draw(st.integers(1, 4)), data.draw(st.integers(1, 5)),
-          prefix=prefix)
+    note(serve(model, cases, bs, n_blocks, data.draw(st.integers(1, 4)),
+               data.draw(st.integers(1, 5)), prefix=prefix))
 
 
 def test_a_shared_prefix_takes_fewer_blocks_by_reference_count_and_is_copied_on_write():
