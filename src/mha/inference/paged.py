@@ -25,7 +25,8 @@ batches need nothing new in the attention.
 numpy and torch twins, same names and methods:
     BlockPool     / TorchBlockPool      the blocks, the tables, allocation, sharing, freeing
     PagedKVCache  / TorchPagedKVCache   one layer's view of a batch of sequences: the module's
-                                        `cache=` (pool.batch(seq_ids) gives one per layer)
+                                        `cache=` (pool.batch(seq_ids) gives one per layer);
+                                        update writes and gathers, gather only reads
     PoolExhausted                       a ValueError: the pool has fewer free blocks than needed
 """
 
@@ -264,6 +265,9 @@ class _Pool:
         refs = {}
         needs = []
         for seq_id, start, n in writes:
+            if n == 0:  # a row of pads only: nothing to store, nothing to copy
+                needs.append(0)
+                continue
             table, bs = self._tables[seq_id], self.block_size
             stop = start + n
             total = math.ceil(stop / bs)
@@ -288,6 +292,8 @@ class _Pool:
         self._plan(writes)  # raises before anything changes
         bs = self.block_size
         for seq_id, start, n in writes:
+            if n == 0:
+                continue
             table, total = self._tables[seq_id], math.ceil((start + n) / bs)
             for i in range(start // bs, min(len(table), total)):
                 old = table[i]
@@ -343,6 +349,10 @@ class BlockPool(_Pool):
     def _index(self, a: np.ndarray) -> np.ndarray:
         return a
 
+    @staticmethod
+    def _int64(a: np.ndarray) -> np.ndarray:
+        return a.astype(np.int64)
+
     def _check_array(self, name: str, a) -> None:
         if not isinstance(a, np.ndarray):
             raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
@@ -390,6 +400,10 @@ class TorchBlockPool(_Pool):
     def _index(self, a: np.ndarray):
         return torch.as_tensor(a, device=self.K.device)
 
+    @staticmethod
+    def _int64(a):
+        return a.to(torch.int64)
+
     def _check_array(self, name: str, a) -> None:
         if not isinstance(a, torch.Tensor):
             raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
@@ -434,12 +448,12 @@ class _PagedCache:
         self.pool._plan([(s, w, t_new) for s, w in zip(self.seq_ids, self.lengths(), strict=True)])
 
     def update(self, k, v, positions):
-        """Store k, v (B, h_kv, t_new, d_k) at positions (B, t_new); return K, V (B, h_kv, S, d_k), k_pos (B, S).
+        """Store k, v (B, h_kv, t_new, d_k) at positions (B, t_new); return (K, V, key positions) to read.
 
-        Each row's real tokens (position >= 0; pads are not stored) go after its sequence's tokens
-        in this layer, blocks reserved (copy-on-write included) all or nothing before the first
-        write; then each row's blocks are gathered through its block table, S the longest row,
-        EMPTY positions in unused slots.
+        Each row's real tokens (position >= 0; pads are not stored) go after its sequence's
+        tokens in this layer, blocks reserved (copy-on-write included) all or nothing before the
+        first write; then each row's blocks are gathered through its block table (`gather`):
+        K, V (B, h_kv, S, d_k), k_pos (B, S), S the longest row, EMPTY in unused slots.
         """
         pool = self.pool
         t_new = self._check_chunk(k, v)
@@ -451,7 +465,7 @@ class _PagedCache:
         pool._reserve([(s, w, int(r.sum())) for s, w, r in zip(self.seq_ids, written, real,
                                                                 strict=True)])
         self._write(k, v, positions, real, written)
-        return self._gather()
+        return self.gather()
 
     def _write(self, k, v, positions, real: np.ndarray, written: list[int]) -> None:
         """Write each row's real tokens at its next slots, in this layer's K, V and the positions."""
@@ -469,15 +483,19 @@ class _PagedCache:
         # K[layer][blocks, :, offsets]: (n, h_kv, d_k), as k[rows, :, cols]: (n, h_kv, d_k)
         pool.K[self.layer][b_i, :, o_i] = k[r_i, :, c_i]
         pool.V[self.layer][b_i, :, o_i] = v[r_i, :, c_i]
-        pool.positions[b_i, o_i] = positions[r_i, c_i]  # (n,)
+        pool.positions[b_i, o_i] = pool._int64(positions[r_i, c_i])  # (n,)
         for b, s in enumerate(self.seq_ids):
             if counts[b]:
                 pool._written[s][self.layer] = written[b] + int(counts[b])
                 top = int(_host(positions[b])[real[b]].max()) + 1
                 pool._next[s][self.layer] = max(pool._next[s][self.layer], top)
 
-    def _gather(self):
-        """Each row's blocks through its table: K, V (B, h_kv, S, d_k), k_pos (B, S), EMPTY in unused slots."""
+    def gather(self):
+        """What the rows hold, read through their block tables: K, V (B, h_kv, S, d_k), k_pos (B, S).
+
+        S is the longest row; a shorter row's unused slots hold EMPTY positions (never attended).
+        A table that points at a freed block is refused, naming the block and the sequence.
+        """
         pool, bs = self.pool, self.pool.block_size
         lengths = self.lengths()
         S = max(max(lengths), 1)
@@ -555,7 +573,7 @@ class TorchPagedKVCache(_PagedCache):
         super().__init__(pool, layer, seq_ids)
 
     def update(self, k, v, positions):
-        """Store k, v (B, h_kv, t_new, d_k) at positions (B, t_new); return K, V (B, h_kv, S, d_k), k_pos (B, S)."""
+        """Store k, v (B, h_kv, t_new, d_k) at positions (B, t_new); return K, V, k_pos as the numpy twin."""
         with torch.no_grad():  # decoding is inference: the pool must not grow an autograd graph
             return super().update(k, v, positions)
 
