@@ -1,4 +1,4 @@
-"""Contract cases for mha_course.tryit.attention_across_devices (18_attention_across_devices.ipynb)."""
+"""Contract cases for mha_course.tryit.attention_across_devices (19_attention_across_devices.ipynb)."""
 
 import numpy as np
 import torch

@@ -1,4 +1,4 @@
-"""Say what is wrong with a student's ring attention (18_attention_across_devices.ipynb, A7), as
+"""Say what is wrong with a student's ring attention (19_attention_across_devices.ipynb, A7), as
 `mha_course.diagnose.generation` does for generation.
 
     check_merge(merge_partials)                  # the exact logsumexp merge of two partial results

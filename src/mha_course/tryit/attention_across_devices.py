@@ -1,4 +1,4 @@
-"""Self-check for the Try-it of 18_attention_across_devices.ipynb: the bytes a ring rank sends.
+"""Self-check for the Try-it of 19_attention_across_devices.ipynb: the bytes a ring rank sends.
 
 The student writes `ring_bytes(B, h, T, W, d_k, itemsize)`: the bytes of K and V one rank sends
 in one whole forward pass of ring attention (positions left out). The check runs it under the
