@@ -310,9 +310,6 @@ class _Pool:
                 self._refcounts[new] = 1
                 table.append(new)
 
-    def _attention_layers(model: Any) -> list:  # noqa: N805 (staticmethod in the twins)
-        raise NotImplementedError
-
 
 class BlockPool(_Pool):
     """numpy blocks K, V (L, N, h_kv, bs, d_k), their positions (N, bs), the tables and refcounts."""
@@ -320,7 +317,7 @@ class BlockPool(_Pool):
     @staticmethod
     def _attention_layers(model: Any) -> list:
         layers = getattr(model, "attention_layers", None)
-        if layers is None or is_torch_model(model):
+        if layers is None or _is_torch_model(model):
             raise TypeError(f"BlockPool.for_model needs a NumpyTinyTransformer (a torch model takes "
                             f"TorchBlockPool), got {type(model).__name__}")
         return list(layers)
@@ -358,7 +355,7 @@ class BlockPool(_Pool):
             raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
 
 
-def is_torch_model(model: Any) -> bool:
+def _is_torch_model(model: Any) -> bool:
     """True for a torch nn.Module (its parameters are tensors)."""
     return hasattr(model, "parameters") and hasattr(model, "named_modules")
 
@@ -368,7 +365,7 @@ class TorchBlockPool(_Pool):
 
     @staticmethod
     def _attention_layers(model: Any) -> list:
-        if not is_torch_model(model) or not hasattr(model, "blocks"):
+        if not _is_torch_model(model) or not hasattr(model, "blocks"):
             raise TypeError(f"TorchBlockPool.for_model needs a torch TinyTransformer (a numpy model "
                             f"takes BlockPool), got {type(model).__name__}")
         return [b.attn for b in model.blocks]
