@@ -273,6 +273,50 @@ PLANTED["A8_flash_attention"] = [
             "a8-bytes-tests", "matches planted mistake 'no_itemsize'"),
 ]
 
+PLANTED["A9_serving"] = [
+    planted("lookup-logical-block", "a9-lookup", "return table[i // block_size], i % block_size",
+            "return i // block_size, i % block_size", "a9-lookup-tests",
+            "matches planted mistake 'logical_block'"),
+    planted("lookup-whole-blocks", "a9-lookup", "return rows[:length]", "return rows", "a9-lookup-tests",
+            "matches planted mistake 'whole_blocks'"),
+    planted("append-cow-skipped", "a9-append", "elif refcounts[table[-1]] > 1:", "elif False:",
+            "a9-append-tests", "matches planted mistake 'cow_skipped'"),
+    planted("append-no-copy", "a9-append", "        K[new], V[new] = K[old], V[old]", "        pass",
+            "a9-append-tests", "matches planted mistake 'cow_no_copy'"),
+    planted("append-shared-freed-late", "a9-append", "refcounts[old] -= 1", "refcounts[old] -= 0",
+            "a9-append-tests", "matches planted mistake 'cow_no_decref'"),
+    planted("append-freed-while-shared", "a9-append", "refcounts[old] -= 1",
+            "refcounts[old] = 0\n        free.append(old)", "a9-append-tests",
+            "matches planted mistake 'freed_while_shared'"),
+    planted("append-fill-off-by-one", "a9-append", "if slot == 0:",
+            "if (length + 1) % block_size == 0 or not table:", "a9-append-tests",
+            "matches planted mistake 'fill_off_by_one'"),
+    planted("step-never-freed", "a9-step",
+            '            free(r["rid"])\n            n_free += blocks(len(r["tokens"]) - 1)\n    running =',
+            "            pass\n    running =", "a9-step-tests", "matches planted mistake 'never_freed'"),
+    planted("step-positions-restart", "a9-step", "waiting.insert(0, r)  #",
+            'waiting.insert(0, {**r, "tokens": r["tokens"][:r["n_prompt"]]})  #', "a9-step-tests",
+            "matches planted mistake 'restart'"),
+    planted("step-prompt-only", "a9-step", 'batch += [(r["rid"], r["tokens"], 0)',
+            'batch += [(r["rid"], r["tokens"][:r["n_prompt"]], 0)', "a9-step-tests",
+            "matches planted mistake 'prompt_only'"),
+    planted("step-preempt-oldest", "a9-step", "r = running.pop()\n", "r = running.pop(0)\n",
+            "a9-step-tests", "matches planted mistake 'preempt_oldest'"),
+    planted("step-fill-off-by-one", "a9-step",
+            'return blocks(len(r["tokens"])) - blocks(len(r["tokens"]) - 1)',
+            'return int(len(r["tokens"]) % block_size == 0)', "a9-step-tests",
+            "matches planted mistake 'fill_off_by_one'"),
+    planted("step-separate-calls", "a9-step", "for r, token in zip(running, model(batch)):",
+            "for r, token in zip(running, [model([e])[0] for e in batch]):", "a9-step-tests",
+            "matches planted mistake 'separate_calls'"),
+    planted("saved-partial-block", "a9-saved", "shared = prefix_len // block_size",
+            "shared = -(-prefix_len // block_size)", "a9-saved-tests",
+            "matches planted mistake 'partial_shared'"),
+    planted("saved-n-copies", "a9-saved", "return (n_requests - 1) * shared * block",
+            "return n_requests * shared * block", "a9-saved-tests",
+            "matches planted mistake 'n_not_n_minus_1'"),
+]
+
 # Reaching for the reference: the part earns nothing and the summary names student, part and
 # the reference reached. (student, cell, old, new, part, reference named in the summary)
 CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
@@ -399,6 +443,59 @@ CHEATS: dict[str, list[tuple[str, str, str, str, str, str]]] = {
          "     \"    return _fl._update((m, ell, acc.copy()), scores.copy(), v_block)\\n\", globals())\n\n\n"
          "def _unused(m, ell, acc, scores, v_block):", "a8-update-tests", "mha.attention.flash._update"),
     ],
+    "A9_serving": [
+        ("cheat-gather-pool", "a9-lookup", "    block_size = pool.shape[1]\n",
+         "    from mha.inference import paged\n    n, bs = pool.shape[:2]\n"
+         "    lib = paged.BlockPool(1, n, bs, 1, int(np.prod(pool.shape[2:])), dtype=pool.dtype)\n"
+         "    lib.K[0, :, 0] = pool.reshape(n, bs, -1)\n    lib.add(0)\n    lib.reserve(0, length)\n"
+         "    return lib.K[0, list(table), 0].reshape((-1,) + pool.shape[2:])[:length]\n"
+         "    block_size = pool.shape[1]\n", "a9-lookup-tests", "mha.inference.paged"),
+        # a thin wrapper made by exec round the library's pool: its reserve does the copy-on-write
+        ("cheat-exec-append", "a9-append", "def append_token(K, V, refcounts, free, table, length, k, v):",
+         "from mha.inference import paged as _pg\n\n"
+         "exec(\"def append_token(K, V, refcounts, free, table, length, k, v):\\n\"\n"
+         "     \"    pool = _pg.BlockPool(1, K.shape[0], K.shape[1], 1, 1)\\n\"\n"
+         "     \"    pool._refcounts, pool._free = refcounts, free\\n\"\n"
+         "     \"    pool._tables, pool._written, pool._next = {0: list(table)}, {0: [length]}, {0: [length]}\\n\"\n"
+         "     \"    pool.K, pool.V = K[None, :, None], V[None, :, None]\\n\"\n"
+         "     \"    pool.reserve(0, 1)\\n\"\n"
+         "     \"    t = list(pool.tables[0])\\n\"\n"
+         "     \"    K[t[-1], length % K.shape[1]], V[t[-1], length % K.shape[1]] = k, v\\n\"\n"
+         "     \"    return t, length + 1\\n\", globals())\n\n\n"
+         "def _unused(K, V, refcounts, free, table, length, k, v):", "a9-append-tests",
+         "mha.inference.paged._Pool"),
+        # a class of the student's whose body borrows the library's copy-on-write
+        ("cheat-borrowed-reserve", "a9-append", "def append_token(K, V, refcounts, free, table, length, k, v):\n",
+         "from mha.inference import paged as _pg\n\n\nclass _Blocks:\n"
+         "    _plan = _pg._Pool._plan\n    _reserve = _pg._Pool._reserve\n\n"
+         "    def __init__(self, K, V, refcounts, free, table):\n"
+         "        self.K, self.V = K[None, :, None], V[None, :, None]\n"
+         "        self.positions = np.zeros(K.shape[:2], np.int64)\n"
+         "        self._refcounts, self._free, self._tables = refcounts, free, {0: list(table)}\n"
+         "        self.block_size, self.n_blocks = K.shape[1], K.shape[0]\n\n\n"
+         "def append_token(K, V, refcounts, free, table, length, k, v):\n"
+         "    blocks = _Blocks(K, V, refcounts, free, table)\n"
+         "    blocks._reserve([(0, length, 1)])\n    t = blocks._tables[0]\n"
+         "    K[t[-1], length % K.shape[1]], V[t[-1], length % K.shape[1]] = k, v\n"
+         "    return t, length + 1\n", "a9-append-tests", "mha.inference.paged._Pool._reserve"),
+        ("cheat-step-blocks-needed", "a9-step", "    def grow(r):  # a new block",
+         "    def grow(r):  # the library counts it\n        from mha.inference import paged\n"
+         "        lib = paged.BlockPool(1, blocks(len(r[\"tokens\"])) + 1, block_size, 1, 1)\n"
+         "        lib.add(0)\n        lib.reserve(0, len(r[\"tokens\"]) - 1)\n"
+         "        return lib.blocks_needed(0, 1)\n\n    def _unused(r):  # a new block",
+         "a9-step-tests", "mha.inference.paged"),
+        # the library's Request tells when a request is done
+        ("cheat-step-request-done", "a9-step", '    finished = [r["rid"] for r in running if len(r["tokens"]) == '
+         'r["n_prompt"] + r["n_new"]]',
+         '    from mha.inference import serving\n    finished = [r["rid"] for r in running if serving.Request('
+         'r["rid"], r["tokens"][:r["n_prompt"]], r["n_new"], out=r["tokens"][r["n_prompt"]:]).done]',
+         "a9-step-tests", "mha.inference.serving.Request.done"),
+        ("cheat-saved-nbytes", "a9-saved", "    block = 2 * n_layers",
+         "    from mha.inference import paged\n    return paged.BlockPool(n_layers, (n_requests - 1) * "
+         "(prefix_len // block_size), block_size, n_kv_heads, d_k, dtype={2: np.float16, 4: np.float32, "
+         "8: np.float64}.get(itemsize, np.float32)).nbytes // 1\n    block = 2 * n_layers",
+         "a9-saved-tests", "mha.inference.paged"),
+    ],
 }
 
 # Correct work in other styles, and what must not cost points.
@@ -447,6 +544,25 @@ KEEPS: dict[str, list[tuple]] = {  # (student, cell, old, new); old, new: a stri
         ("forward-default-fold", "a8-forward", ("offset=0):", "m, ell, acc = online_update("),
          ("offset=0, fold=online_update):", "m, ell, acc = fold(")),
     ],
+    "A9_serving": [
+        ("locate-as-array", "a9-lookup", "return table[i // block_size], i % block_size",
+         "return np.array([table[i // block_size], i % block_size])"),
+        ("gather-row-by-row", "a9-lookup", "    block_size = pool.shape[1]\n",
+         "    return np.stack([pool[locate(table, i, pool.shape[1])] for i in range(length)])\n"
+         "    block_size = pool.shape[1]\n"),  # built from part 1, a list of rows stacked
+        ("append-free-from-the-front", "a9-append", "free.pop()", "free.pop(0)"),  # another block, same reads
+        ("append-returns-arrays", "a9-append", "return table, length + 1",
+         "return np.array(table, dtype=np.int64), np.int64(length + 1)"),
+        ("step-batch-in-another-order", "a9-step",
+         ("    running += admitted\n", "for r, token in zip(running, model(batch)):"),
+         ("    running += admitted\n    batch = batch[::-1]  # any order: each token goes back to its request\n",
+          "for r, token in zip(running[::-1], model(batch)):")),
+        ("step-tokens-as-arrays", "a9-step", ('r["tokens"] = r["tokens"] + [int(token)]',
+                                               "return running, waiting, n_free, finished"),
+         ('r["tokens"] = np.append(r["tokens"], token)', "return running, waiting, n_free, set(finished)")),
+        ("saved-as-float", "a9-saved", "return (n_requests - 1) * shared * block",
+         "return float((n_requests - 1) * shared * block)"),
+    ],
 }
 
 # A part that does not compile costs only its own points; later parts run on the reference.
@@ -461,6 +577,8 @@ BROKEN: dict[str, tuple[str, str, str, str]] = {  # (cell, old, new, the only pa
                           "    return share_a * out_a + share_b * out_b, lse)", "a7-merge-tests"),
     "A8_flash_attention": ("a8-update", "    return m_new, ell, acc", "    return m_new, ell, acc)",
                            "a8-update-tests"),
+    "A9_serving": ("a9-append", "    return table, length + 1", "    return table, length + 1)",
+                   "a9-append-tests"),
 }
 
 LOOP_LIMIT_S = 8  # the cell limit in the copy of a course with a planted loop (the course's: 30)
@@ -479,6 +597,7 @@ TAMPER = {  # break a solution and "fix" its locked test: the test is restored a
                       "return np.where(pos >= 0, pos, 0)", "a6-positions-tests"),
     "A7_ring_attention": ("a7-positions", "if T % (2 * W):", "if T % W:", "a7-positions-tests"),
     "A8_flash_attention": ("a8-bytes", "return itemsize * elements", "return elements", "a8-bytes-tests"),
+    "A9_serving": ("a9-saved", "(n_requests - 1) * shared", "n_requests * shared", "a9-saved-tests"),
 }
 
 
@@ -919,6 +1038,18 @@ class TestA8(CombinedPart, AssignmentContract):
                     exec(run, ns)
             else:
                 exec(run, ns)  # the forward, backward, bytes and their hidden tests: no error
+
+
+class TestA9(AssignmentContract):
+    """No part of A9 is built from another: each is graded on its own state, passed in."""
+
+    name = "A9_serving"
+
+    def test_a_part_that_does_not_compile_costs_only_its_points(self, graded):
+        """A broken append costs its own part; the scheduler and the bytes still score."""
+        *_, part = BROKEN[self.name]
+        s = graded.student_of["syntax-error"]
+        assert part in graded.lost(s) and graded.lost(s) == graded.expected[s], graded.lost(s)
 
 
 def test_every_assignment_has_a_contract():
