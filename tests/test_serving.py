@@ -92,6 +92,9 @@ def audit(s: Scheduler, spy: Spy, per_step: list[int], max_batch: int) -> None:
     prefix = s.prefix
     for seq_ids, toks, poss in spy.calls:
         for sid, row, pos in zip(seq_ids, toks, poss, strict=True):
+            pads = sum(p < 0 for p in pos)  # a mixed call left-pads the shorter rows
+            assert all(p < 0 for p in pos[:pads]), f"sequence {sid}: pads not on the left, {pos}"
+            row, pos = row[pads:], pos[pads:]
             assert pos == list(range(pos[0], pos[0] + len(pos))), (
                 f"sequence {sid} was fed positions {pos}: expected consecutive positions")
             want = prefix if sid == PREFIX else s.requests[sid].tokens
@@ -100,10 +103,11 @@ def audit(s: Scheduler, spy: Spy, per_step: list[int], max_batch: int) -> None:
                 f"sequence {sid} was fed {row} at positions {pos}, but prompt + output holds "
                 f"{got} there: a token at the wrong position (restarted after a preemption?)")
     for rec, calls in zip(s.timeline, per_step, strict=True):
-        expected = len(rec.prefilled) + bool(rec.decoded)
+        expected = bool(rec.prefilled or rec.decoded) if s.mixed else \
+            len(rec.prefilled) + bool(rec.decoded)
         assert calls == expected, (
             f"step {rec.step} made {calls} model calls, expected {expected}: one per prefill "
-            f"chunk and ONE for all {len(rec.decoded)} decoding requests")
+            f"chunk (none apart when mixed) and ONE for all {len(rec.decoded)} decoding requests")
         assert len(rec.running) <= max_batch, f"step {rec.step} ran {rec.running} > max_batch"
         for rid in rec.admitted:
             assert rec.step >= s.requests[rid].arrival, f"request {rid} admitted before arrival"
@@ -123,11 +127,12 @@ def audit(s: Scheduler, spy: Spy, per_step: list[int], max_batch: int) -> None:
     assert s.pool.n_used == 0
 
 
-def serve(model, cases, block_size, n_blocks, max_batch, chunk, prefix=None, cls=Scheduler):
+def serve(model, cases, block_size, n_blocks, max_batch, chunk, prefix=None, cls=Scheduler,
+          mixed=False):
     """Run cases [(prompt, n_new, arrival)] through a scheduler, audit it, check tokens -> it."""
     spy = Spy(model)
     s = cls(spy, pool_for(model, n_blocks, block_size), max_batch=max_batch, chunk=chunk,
-            prefix=prefix)
+            prefix=prefix, mixed=mixed)
     rids = [s.add(p, n, a) for p, n, a in cases]
     per_step = drive(s, spy)
     for rid, (p, n, _) in zip(rids, cases, strict=True):
@@ -157,8 +162,10 @@ def workloads(draw, max_requests: int = 5):
     tight = draw(st.booleans(), label="tight pool")  # half the draws: a pool that preempts
     n_blocks = draw(st.integers(alone_max, alone_max + 1 if tight else max(alone_max, total)),
                     label="n_blocks")
-    return cases, bs, n_blocks, draw(st.integers(1, 4), label="max_batch"), \
-        draw(st.integers(1, 6), label="chunk")
+    return dict(cases=cases, block_size=bs, n_blocks=n_blocks,
+                max_batch=draw(st.integers(1, 4), label="max_batch"),
+                chunk=draw(st.integers(1, 6), label="chunk"),
+                mixed=draw(st.booleans(), label="mixed: prefill rides in the decode call"))
 
 
 # ---- 1. every token equals generating alone ---------------------------------------------------
@@ -166,16 +173,14 @@ def workloads(draw, max_requests: int = 5):
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads())
 def test_numpy_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
-    cases, bs, n_blocks, max_batch, chunk = w
-    note(serve(NUMPY, cases, bs, n_blocks, max_batch, chunk))
+    note(serve(NUMPY, **w))
 
 
 @quiet
 @settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(w=workloads(max_requests=4))
 def test_torch_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
-    cases, bs, n_blocks, max_batch, chunk = w
-    note(serve(TORCH, cases, bs, n_blocks, max_batch, chunk))
+    note(serve(TORCH, **w))
 
 
 @quiet
@@ -183,8 +188,7 @@ def test_torch_scheduler_gives_each_request_the_tokens_it_gets_alone(w):
 @given(w=workloads(max_requests=4), window=st.integers(1, 6), seed=st.integers(1, 3))
 def test_a_sliding_window_model_serves_the_same_tokens(w, window, seed):
     """A window is masked by positions over kept blocks: the scheduler needs nothing new."""
-    cases, bs, n_blocks, max_batch, chunk = w
-    note(serve(tiny(seed, window=window)[1], cases, bs, n_blocks, max_batch, chunk))
+    note(serve(tiny(seed, window=window)[1], **w))
 
 
 @quiet
@@ -257,7 +261,7 @@ def test_requests_sharing_a_prefix_get_the_tokens_they_get_alone(data):
     n_blocks = data.draw(st.integers(need, need + 2) | st.integers(need, need + 12), label="n_blocks")
     model = data.draw(st.sampled_from([NUMPY, TORCH]), label="model")
     note(serve(model, cases, bs, n_blocks, data.draw(st.integers(1, 4)),
-               data.draw(st.integers(1, 5)), prefix=prefix))
+               data.draw(st.integers(1, 5)), prefix=prefix, mixed=data.draw(st.booleans())))
 
 
 def test_a_shared_prefix_takes_fewer_blocks_by_reference_count_and_is_copied_on_write():
@@ -296,6 +300,23 @@ def test_static_batching_gives_the_same_tokens_and_waits_for_each_batchs_longest
         assert out[r.rid] == alone(model, r.prompt, r.n_new), r
     order = sorted(reqs, key=lambda r: (r.arrival, r.rid))
     assert calls == sum(max(r.n_new for r in order[i:i + size]) for i in range(0, n, size))
+
+
+def test_without_refill_a_batch_is_admitted_only_into_an_empty_scheduler():
+    """refill=False: static batching on the paged kernels, the same tokens."""
+    cases = [([1, 2], 2, 0), ([3], 6, 0), ([4, 5, 6], 3, 0), ([7], 1, 0), ([8, 9], 4, 0)]
+    s = Scheduler(NUMPY, pool_for(NUMPY, 20, 2), max_batch=2, refill=False)
+    for p, n, a in cases:
+        s.add(p, n, a)
+    out = s.run(progress=False)
+    for rid, (p, n, _) in enumerate(cases):
+        assert out[rid] == alone(NUMPY, p, n)
+    running_before = []
+    for rec in s.timeline:
+        if rec.admitted:
+            assert not running_before, f"step {rec.step} admitted {rec.admitted} beside {running_before}"
+        running_before = [r for r in rec.running if r not in rec.retired]
+    assert [rec.admitted for rec in s.timeline if rec.admitted] == [[0, 1], [2, 3], [4]]
 
 
 # ---- 5. bad input: a clear error, nothing changed ---------------------------------------------

@@ -12,7 +12,9 @@ generate. At every `step` it
     (c) decodes every running request that has a token to feed in ONE batched model call
     (d) retires the requests that have all their tokens and frees their blocks
 
-and writes a `StepRecord` into `timeline`. A model is anything with the interface
+and writes a `StepRecord` into `timeline`. With `mixed=True`, (b) and (c) are one model call:
+the prefill chunks and the decoding tokens, left-padded to the longest chunk (pads at position
+-1, never stored). A model is anything with the interface
 `model(tokens (B, T), positions (B, T), caches) -> logits (B, T, V)`: the numpy
 `generate.NumpyTinyTransformer` with a `paged.BlockPool`, or the torch
 `mha.training.train.TinyTransformer` with a `paged.TorchBlockPool`. Decoding is greedy, so every
@@ -52,7 +54,11 @@ class PreemptionWarning(RuntimeWarning):
 
 @dataclass
 class Request:
-    """One request: a prompt (token ids), how many tokens to generate, the step it arrives at."""
+    """One request: a prompt (token ids), how many tokens to generate, the step it arrives at.
+
+    The scheduler keeps its state here too: the tokens generated so far, how many of prompt +
+    those the pool holds, and how often it was preempted.
+    """
 
     rid: int
     prompt: list[int]
@@ -96,11 +102,17 @@ class StepRecord:
 
 
 class Scheduler:
-    """Continuous batching over a paged KV cache: admit, prefill in chunks, decode in one call, retire."""
+    """Continuous batching over a paged KV cache: admit, prefill in chunks, decode in one call, retire.
+
+    refill=False admits only into an empty batch (static batching on the same kernels);
+    mixed=True feeds the prefill chunks in the decode call too, left-padded (positions -1 on
+    pads, never stored): one model call per step, as vLLM's chunked prefill batches them.
+    """
 
     def __init__(self, model: Any, pool: Any, max_batch: int = 8, chunk: int = 16,
-                 prefix: Sequence[int] | None = None, refill: bool = True):
+                 prefix: Sequence[int] | None = None, refill: bool = True, mixed: bool = False):
         self.max_batch = require_int("max_batch", max_batch)
+        self.mixed = require_bool("mixed", mixed)
         self.chunk = require_int("chunk", chunk)
         self.refill = require_bool("refill", refill)
         self.torch = generate._is_torch_model(model)
@@ -169,10 +181,17 @@ class Scheduler:
         if not rec.preempted:
             self._admit(rec, planned)  # (a)
         decoders = [r for r in self.running if r.decoding]  # before prefill: one call per step
-        for req in [r for r in self.running if not r.decoding]:
-            self._prefill(req, rec)  # (b)
-        if decoders:
-            self._decode(decoders, rec)  # (c)
+        prefilling = [r for r in self.running if not r.decoding]
+        if self.mixed:  # (b) and (c) together: every row in ONE call
+            rows = [self._chunk(r) for r in prefilling if not self._prefix_token(r)]
+            rows += [self._chunk(r) for r in decoders]
+            if rows:
+                self._feed_rows(rows, rec)
+        else:
+            for req in prefilling:
+                self._prefill(req, rec)  # (b)
+            if decoders:
+                self._decode(decoders, rec)  # (c)
         rec.running = [r.rid for r in self.running]
         rec.blocks_in_use, rec.tokens_held = self.pool.n_used, self.pool.tokens_held
         self._retire(rec)  # (d)
@@ -267,30 +286,45 @@ class Scheduler:
             self.pool.add(req.rid)
             req.cached = 0
 
+    def _chunk(self, req: Request) -> tuple[Request, int, int]:
+        """(req, start, stop): the positions req feeds this step."""
+        return req, req.cached, req.cached + self._feed(req)
+
+    def _prefix_token(self, req: Request) -> bool:
+        """A prompt that is the prefix itself: its first token is what the prefix's logits picked."""
+        if self._feed(req):
+            return False
+        req.out.append(self._prefix_next)
+        return True
+
     def _prefill(self, req: Request, rec: StepRecord) -> None:
         """Feed the next chunk of req's prompt (+ tokens so far, after a preemption): one call."""
-        start = req.cached
-        stop = start + self._feed(req)
-        if stop == start:  # the prompt is the prefix itself: the prefix's logits pick token 1
-            req.out.append(self._prefix_next)
-            return
-        logits = self._call([req.tokens[start:stop]], [list(range(start, stop))], [req.rid])
-        req.cached = stop  # logits: (1, stop - start, V)
-        rec.prefilled.append((req.rid, start, stop))
-        if stop == len(req.tokens):  # all fed: the last logits pick the next token
-            req.out.append(int(logits[0, -1].argmax()))
+        if not self._prefix_token(req):
+            self._feed_rows([self._chunk(req)], rec)
 
     def _decode(self, reqs: list[Request], rec: StepRecord) -> None:
         """Feed each request's latest token at its next position, all in ONE model call."""
-        tokens = [[r.out[-1]] for r in reqs]  # (B, 1)
-        positions = [[r.cached] for r in reqs]  # (B, 1): each request's own next position
-        logits = self._call(tokens, positions, [r.rid for r in reqs])  # (B, 1, V)
-        nxt = logits[:, -1].argmax(-1)  # (B,) greedy
-        for r, t, p in zip(reqs, nxt.tolist(), positions, strict=True):
-            r.cached += 1
-            r.out.append(int(t))
-            rec.decoded.append(r.rid)
-            rec.decode_positions.append(p[0])
+        self._feed_rows([self._chunk(r) for r in reqs], rec)
+
+    def _feed_rows(self, rows: list[tuple[Request, int, int]], rec: StepRecord) -> None:
+        """ONE model call for rows (req, start, stop), left-padded: each row ends in its last token."""
+        T = max(stop - start for _, start, stop in rows)
+        pads = [T - (stop - start) for _, start, stop in rows]
+        tokens = [[generate.PAD] * n + r.tokens[start:stop]
+                  for n, (r, start, stop) in zip(pads, rows, strict=True)]  # (B, T)
+        positions = [[-1] * n + list(range(start, stop))
+                     for n, (_, start, stop) in zip(pads, rows, strict=True)]  # (B, T): -1 on pads
+        logits = self._call(tokens, positions, [r.rid for r, _, _ in rows])  # (B, T, V)
+        nxt = logits[:, -1].argmax(-1).tolist()  # (B,) greedy: each row's last column is real
+        for (req, start, stop), token in zip(rows, nxt, strict=True):
+            if req.decoding:
+                rec.decoded.append(req.rid)
+                rec.decode_positions.append(start)
+            else:
+                rec.prefilled.append((req.rid, start, stop))
+            req.cached = stop
+            if stop == len(req.tokens):  # all fed: the last logits pick the next token
+                req.out.append(int(token))
 
     def _call(self, tokens: list[list[int]], positions: list[list[int]], seq_ids: list) -> Any:
         """model(tokens (B, T), positions (B, T), the pool's caches for seq_ids) -> logits (B, T, V)."""
