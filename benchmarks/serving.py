@@ -122,19 +122,23 @@ def throughput(model, reqs: list[Request], repeats: int) -> dict:
     n_blocks = blocks_for(reqs, MAX_BATCH)
     chunk = max(len(r.prompt) for r in reqs)  # each prompt in one prefill call, as static does
 
-    def continuous():
+    def continuous() -> tuple[dict, int]:
+        """The brief's scheduler: one prefill call per admitted prompt, ONE decode call."""
         s = scheduler(model, reqs, n_blocks, MAX_BATCH, chunk)
         return s.run(progress=False), s.model_calls
 
-    def continuous_mixed():
+    def continuous_mixed() -> tuple[dict, int]:
+        """Prefill chunks in the decode call: one model call a step."""
         s = scheduler(model, reqs, n_blocks, MAX_BATCH, chunk, mixed=True)
         return s.run(progress=False), s.model_calls
 
-    def static_paged():
+    def static_paged() -> tuple[dict, int]:
+        """The same paged scheduler, admitting only into an empty batch."""
         s = scheduler(model, reqs, n_blocks, MAX_BATCH, chunk, refill=False)
         return s.run(progress=False), s.model_calls
 
-    def static_dense():
+    def static_dense() -> tuple[dict, int]:
+        """generate with a dense cache, batch by batch."""
         return serving.static_batching(model, reqs, MAX_BATCH)
 
     fns = {CONT: continuous, CONT_MIXED: continuous_mixed, PAGED_STATIC: static_paged,
@@ -177,6 +181,7 @@ def prefix_sharing(model, n: int = 32, prefix_len: int = 256, rest: int = 16,
 
 # ---- the report -------------------------------------------------------------------------------
 def pct(x: float) -> str:
+    """0.978 -> '97.8%'."""
     return f"{100 * x:.1f}%"
 
 

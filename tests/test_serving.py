@@ -19,6 +19,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -34,7 +35,7 @@ VOCAB = 11
 quiet = pytest.mark.filterwarnings("ignore::mha.inference.serving.PreemptionWarning")
 
 
-def tiny(seed: int = 0, window: int | None = None, rope: str | None = "half"):
+def tiny(seed: int = 0, window: int | None = None, rope: str | None = "half") -> tuple[Any, Any]:
     """An attention-only causal TinyTransformer (RoPE, GQA) and its float64 numpy twin."""
     model = train.TinyTransformer(vocab=VOCAB, T=64, d_model=16, n_heads=4, n_layers=2,
                                   causal=True, seed=seed, n_kv_heads=2, rope=rope, window=window)
@@ -45,18 +46,18 @@ def tiny(seed: int = 0, window: int | None = None, rope: str | None = "half"):
 TORCH, NUMPY = tiny()
 
 
-def host(a) -> np.ndarray:
+def host(a: Any) -> np.ndarray:
     """A numpy array or tensor as a numpy array."""
     return a.detach().cpu().numpy() if isinstance(a, torch.Tensor) else np.asarray(a)
 
 
-def pool_for(model, n_blocks: int, block_size: int):
+def pool_for(model: Any, n_blocks: int, block_size: int) -> Any:
     """The pool twin that fits the model."""
     cls = paged.TorchBlockPool if isinstance(model, torch.nn.Module) else paged.BlockPool
     return cls.for_model(model, n_blocks, block_size)
 
 
-def alone(model, prompt: list[int], n_new: int) -> list[int]:
+def alone(model: Any, prompt: list[int], n_new: int) -> list[int]:
     """The reference: generate for this one request, nothing else in the batch."""
     return host(generate.generate(model, [prompt], n_new))[0].tolist()
 
@@ -64,13 +65,13 @@ def alone(model, prompt: list[int], n_new: int) -> list[int]:
 class Spy:
     """The model, with every call written down: the sequences (from the caches), tokens, positions."""
 
-    def __init__(self, model):
+    def __init__(self, model: Any):
         self.__dict__.update(model=model, calls=[])
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["model"], name)
 
-    def __call__(self, tokens, positions, caches):
+    def __call__(self, tokens: Any, positions: Any, caches: list) -> Any:
         """Record (seq_ids, tokens (B, T), positions (B, T)), then run the model."""
         self.calls.append((list(caches[0].seq_ids), host(tokens).tolist(), host(positions).tolist()))
         return self.model(tokens, positions, caches)
@@ -127,8 +128,9 @@ def audit(s: Scheduler, spy: Spy, per_step: list[int], max_batch: int) -> None:
     assert s.pool.n_used == 0
 
 
-def serve(model, cases, block_size, n_blocks, max_batch, chunk, prefix=None, cls=Scheduler,
-          mixed=False):
+def serve(model: Any, cases: list[tuple[list[int], int, int]], block_size: int, n_blocks: int,
+          max_batch: int, chunk: int, prefix: list[int] | None = None, cls: type = Scheduler,
+          mixed: bool = False) -> Scheduler:
     """Run cases [(prompt, n_new, arrival)] through a scheduler, audit it, check tokens -> it."""
     spy = Spy(model)
     s = cls(spy, pool_for(model, n_blocks, block_size), max_batch=max_batch, chunk=chunk,
@@ -150,7 +152,7 @@ def note(s: Scheduler) -> None:
 
 
 @st.composite
-def workloads(draw, max_requests: int = 5):
+def workloads(draw: Any, max_requests: int = 5) -> dict:
     """Requests, block size, pool size (down to what the largest request needs alone), batch, chunk."""
     bs = draw(st.integers(1, 5), label="block_size")
     n = draw(st.integers(1, max_requests), label="requests")
@@ -396,7 +398,7 @@ def test_close_refuses_while_requests_remain_and_then_empties_the_pool():
 class RestartsAfterPreemption(Scheduler):
     """Bug: a preempted request starts over from its prompt (positions restart at len(prompt))."""
 
-    def _make_room(self, rec):
+    def _make_room(self, rec: serving.StepRecord) -> int:
         planned = super()._make_room(rec)
         for rid in rec.preempted:
             self.requests[rid].out.clear()
@@ -406,7 +408,7 @@ class RestartsAfterPreemption(Scheduler):
 class NeverFreesFinished(Scheduler):
     """Bug: a finished request leaves the batch but its blocks are never freed."""
 
-    def _retire(self, rec):
+    def _retire(self, rec: serving.StepRecord) -> None:
         for req in [r for r in self.running if r.done]:
             self.running.remove(req)
             self.finished[req.rid] = list(req.out)
@@ -416,7 +418,7 @@ class NeverFreesFinished(Scheduler):
 class DecodesOnePerCall(Scheduler):
     """Bug: every decoding request gets its own model call (correct tokens, no batching)."""
 
-    def _decode(self, reqs, rec):
+    def _decode(self, reqs: list[Request], rec: serving.StepRecord) -> None:
         for r in reqs:
             super()._decode([r], rec)
 
