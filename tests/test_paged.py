@@ -10,8 +10,11 @@ causal forward in tests/test_kv_cache.py. Contracts:
   * prefix sharing: fork, copy-on-write, reference counts, freeing at the last holder, slot use;
   * the numpy and torch pools agree operation by operation;
   * bad input: a clear error and the pool unchanged (tables, refcounts, free list, K/V bytes);
+  * index plans: computed once per model call (all layers share them) and never reused after a
+    fork, copy-on-write, free or reserve changes the tables;
   * mutation proofs: broken pools (a fill count off by one, copy-on-write skipped, free ignoring
-    reference counts, unused slots not marked EMPTY) are caught by the checks above.
+    reference counts, unused slots not marked EMPTY, plans keyed without the tables or recomputed
+    for every layer) are caught by the checks above.
 """
 
 from __future__ import annotations
@@ -739,3 +742,121 @@ def test_a_free_that_ignores_reference_counts_is_caught():
 def test_unused_slots_left_unmarked_are_caught():
     with pytest.raises(AssertionError, match="ragged batch differ from each row alone"):
         ragged_vs_alone("numpy", 2, [6, 1], 2, pool_type=NoEmptyPool)
+
+
+# ---- index plans: computed once per model call, never reused once the tables change -------------
+def plans_follow_the_tables(twin: str, pool=None) -> None:
+    """Sequences fork, copy on write, free, come back and reserve while one batch's caches are held;
+    every write and gather must follow the tables as they are now (keys tagged by sequence and position)."""
+    pool = pool or make_pool(twin, 2, 12, 2, 1, 2)
+    want: dict[str, list[float]] = {}  # layer 0's key per position, as written
+
+    def write(seq: str, n: int, tag: float) -> None:
+        start = pool.length(seq)
+        put(pool, seq, start, n, tag, twin)
+        want[seq] = want.get(seq, [])[:start] + list(tag + np.arange(start, start + n))
+
+    def expect(caches, seqs: list[str], when: str) -> None:
+        for layer, cache in enumerate(caches):
+            K, _, pos = (host(a) for a in cache.gather())
+            for r, s in enumerate(seqs):
+                n = len(want[s])
+                assert pos[r, :n].tolist() == list(range(n)), f"{when}: {s} reads positions {pos[r]}"
+                got, wrote = K[r, 0, :n, 0], np.array(want[s]) + layer / 10
+                assert np.array_equal(got, wrote), (f"{when}: layer {layer} of {s} reads {got}, "
+                                                    f"{wrote} was written: a stale index plan")
+
+    for s, tag in (("a", 100), ("b", 200)):
+        pool.add(s)
+        write(s, 3, tag)
+    expect(pool.batch(["a"]), ["a"], "a alone")
+    expect(pool.batch(["b"]), ["b"], "b alone, the same length as a, other blocks")
+    pool.fork("a", "c")
+    want["c"] = list(want["a"])
+    held = pool.batch(["c"])  # held through every change below
+    expect(held, ["c"], "after fork")
+    write("c", 1, 300)  # copy-on-write of a's half-full block
+    write("a", 1, 400)  # a now holds that block alone: in place, at the slot c just wrote in its copy
+    expect(pool.batch(["a", "c"]), ["a", "c"], "after copy-on-write")
+    expect(held, ["c"], "after copy-on-write, caches held from before")
+    pool.free("a")
+    pool.add("d")
+    write("d", 4, 500)  # a's freed blocks again
+    expect(pool.batch(["d", "c", "b"]), ["d", "c", "b"], "after free and add")
+    pool.reserve("d", 2)  # a block more, nothing written
+    expect(pool.batch(["d"]), ["d"], "after reserve")
+    write("d", 2, 600)
+    expect(pool.batch(["c", "d"]), ["c", "d"], "after writing into the reserved block")
+    expect(held, ["c"], "at the end, caches held from the start")
+    pool.check()
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_index_plans_follow_fork_copy_on_write_free_and_reserve(twin):
+    plans_follow_the_tables(twin)
+
+
+class StalePlanCache(PagedKVCache):
+    """Keys its index plans without the block tables: a plan outlives a fork, free, reserve or copy."""
+
+    @staticmethod
+    def _plan_key(kind, tables, *rest):
+        return (kind, *rest)
+
+
+class StalePlanPool(BlockPool):
+    _cache_type = StalePlanCache
+
+
+def test_index_plans_that_ignore_the_tables_are_caught():
+    with pytest.raises(AssertionError, match="a stale index plan"):
+        plans_follow_the_tables("numpy", StalePlanPool(2, 12, 2, 1, 2))
+
+
+class CountingCache(PagedKVCache):
+    """Counts the index plans it computes."""
+
+    made = {"write": 0, "gather": 0}
+
+    def _write_plan(self, *args):
+        CountingCache.made["write"] += 1
+        return super()._write_plan(*args)
+
+    def _gather_plan(self, *args):
+        CountingCache.made["gather"] += 1
+        return super()._gather_plan(*args)
+
+
+class CountingPool(BlockPool):
+    _cache_type = CountingCache
+
+
+class ForgetfulPool(CountingPool):
+    """Computes every plan afresh: each layer pays for the indices again."""
+
+    def _memo(self, key, make):
+        return make()
+
+
+def plans_once_per_call(pool) -> None:
+    """Appending to a batch through every layer (as a model call does) computes each plan once."""
+    for s in ("a", "b"):
+        pool.add(s)
+    for step, n in enumerate((5, 1, 1, 3)):
+        CountingCache.made.update(write=0, gather=0)
+        for layer, cache in enumerate(pool.batch(["a", "b"])):
+            start = step and pool.length("a")
+            pos = np.arange(start, start + n)[None].repeat(2, 0)  # (2, n)
+            k = np.full((2, pool.n_kv_heads, n, pool.d_k), float(layer))  # (2, h_kv, n, d_k)
+            cache.update(k, k, pos)
+        assert CountingCache.made == {"write": 1, "gather": 1}, \
+            f"step {step}: {pool.n_layers} layers computed {CountingCache.made} index plans, not one each"
+
+
+def test_one_call_through_every_layer_computes_its_index_plans_once():
+    plans_once_per_call(CountingPool(3, 16, 4, 1, 2))
+
+
+def test_plans_recomputed_for_every_layer_are_caught():
+    with pytest.raises(AssertionError, match="not one each"):
+        plans_once_per_call(ForgetfulPool(3, 16, 4, 1, 2))

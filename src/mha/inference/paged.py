@@ -22,6 +22,14 @@ slots carry EMPTY, which the module's mask never attends (as pads), so RoPE (key
 before they are stored), GQA, windows (masked by positions; every block kept) and ragged
 batches need nothing new in the attention.
 
+Every layer of a model call reads the same tables, so the index arithmetic is done once per call,
+on the host in numpy ints, and reused: a write plan (each real token's flat row in the pool and in
+the chunk) and a gather plan (the (block, head) rows to copy, the slots each row wrote), each
+stored under what it was computed from (the block tables, the lengths, which tokens are real). A
+fork, free, reservation or copy-on-write changes the tables and so the key: nothing is invalidated
+by hand. A layer's write is then one indexed copy for K, one for V and one for the positions; its
+read is one indexed copy each, already in the dense cache's layout.
+
 numpy and torch twins, same names and methods:
     BlockPool     / TorchBlockPool      the blocks, the tables, allocation, sharing, freeing
     PagedKVCache  / TorchPagedKVCache   one layer's view of a batch of sequences: the module's
@@ -73,6 +81,10 @@ class _Pool:
         self._written: dict[Hashable, list[int]] = {}  # per sequence, tokens written per layer
         self._next: dict[Hashable, list[int]] = {}  # per sequence, 1 + largest position per layer
         self._freed: set = set()  # ids freed and not added again: "freed twice" says so
+        # index plans (slots to write, blocks to gather), computed once per model call and reused by
+        # every layer; keyed by everything they are computed from (the block tables included), so a
+        # fork, free, reservation or copy-on-write changes the key: nothing to invalidate
+        self._plans: dict[tuple, Any] = {}
 
     @classmethod
     def for_model(cls, model: Any, n_blocks: int, block_size: int) -> _Pool:
@@ -232,6 +244,46 @@ class _Pool:
                                    f"{'' if b in free else 'not '}on the free list")
 
     # ---- inside -------------------------------------------------------------------------
+    def _memo(self, key: tuple, make) -> Any:
+        """The plan stored under key, made by make() the first time (a few kept: one call's worth)."""
+        plan = self._plans.get(key)
+        if plan is None:
+            if len(self._plans) >= 16:  # the oldest goes: plans live for one call or two
+                del self._plans[next(iter(self._plans))]
+            plan = self._plans[key] = make()
+        return plan
+
+    def _table_array(self, tables: tuple[tuple[int, ...], ...]) -> tuple[np.ndarray, np.ndarray]:
+        """The tables as one host array (B, n_max), short rows padded with block 0, and whether each entry is real."""
+        def make() -> tuple[np.ndarray, np.ndarray]:
+            n_max = max(1, max(len(t) for t in tables))
+            tab = np.zeros((len(tables), n_max), np.int64)  # (B, n_max)
+            real = np.zeros((len(tables), n_max), bool)  # (B, n_max)
+            for r, t in enumerate(tables):  # one slice per row, not per token
+                tab[r, :len(t)] = t
+                real[r, :len(t)] = True
+            return tab, real
+        return self._memo(("tables", tables), make)
+
+    def _check_tables(self, seq_ids: Sequence[Hashable], tab: np.ndarray, real: np.ndarray) -> None:
+        """_check_live on the entries of tab (B, n_max) where real, every row in one look-up; the first bad row raises.
+
+        A pass is remembered under everything it read (the entries, the free list, the refcounts), so
+        the other layers of a call skip it; any change to those checks again.
+        """
+        key = ("live", tab.shape, tab.tobytes(), real.tobytes(), tuple(self._free),
+               self._refcounts.tobytes())
+        if key in self._plans:
+            return
+        free = np.zeros(self.n_blocks, bool)  # (N,)
+        free[self._free] = True
+        held = tab[real]  # (n,) every block the rows hold
+        if (free[held] | (self._refcounts[held] <= 0)).any():
+            free_set = set(self._free)
+            for s, row, r in zip(seq_ids, tab, real, strict=True):
+                self._check_live(s, [int(b) for b in row[r]], free_set)
+        self._memo(key, lambda: True)
+
     def _check_live(self, seq_id: Hashable, table: Sequence[int], free: set | None = None) -> None:
         """Raise naming the block and the sequence if its table points at a freed block."""
         free = set(self._free) if free is None else free
@@ -347,6 +399,14 @@ class BlockPool(_Pool):
         return a
 
     @staticmethod
+    def _take(a: np.ndarray, rows: np.ndarray) -> np.ndarray:
+        return a.take(rows, axis=0)
+
+    @staticmethod
+    def _put(a: np.ndarray, rows: np.ndarray, values: np.ndarray) -> None:
+        a[rows] = values
+
+    @staticmethod
     def _int64(a: np.ndarray) -> np.ndarray:
         return a.astype(np.int64)
 
@@ -398,6 +458,14 @@ class TorchBlockPool(_Pool):
         return torch.as_tensor(a, device=self.K.device)
 
     @staticmethod
+    def _take(a, rows):
+        return a.index_select(0, rows)
+
+    @staticmethod
+    def _put(a, rows, values) -> None:
+        a.index_copy_(0, rows, values)
+
+    @staticmethod
     def _int64(a):
         return a.to(torch.int64)
 
@@ -429,20 +497,41 @@ class _PagedCache:
 
     def lengths(self) -> list[int]:
         """Tokens each row holds in this layer."""
-        return [self.pool._written[self.pool._known(s)][self.layer] for s in self.seq_ids]
+        return self._per_row(self.pool._written)
+
+    def _per_row(self, counters: dict[Hashable, list[int]]) -> list[int]:
+        """This layer's entry of counters for each row; a sequence no longer in the pool raises as _known."""
+        try:
+            return [counters[s][self.layer] for s in self.seq_ids]
+        except KeyError:
+            for s in self.seq_ids:
+                self.pool._known(s)  # names the sequence and why it is gone
+            raise
 
     def __len__(self) -> int:
         return max(self.lengths())
 
+    def _next_host(self) -> np.ndarray:
+        """(B,) host int64: one past the largest position each sequence holds in this layer."""
+        return np.array(self._per_row(self.pool._next), np.int64)
+
     def next_positions(self):
         """(B,) the position each sequence's next token takes: one past the largest it holds (0 if empty)."""
-        nxt = np.array([self.pool._next[self.pool._known(s)][self.layer] for s in self.seq_ids])
-        return self.pool._index(nxt.astype(np.int64))  # (B,)
+        return self.pool._index(self._next_host())  # (B,)
 
     def check_room(self, t_new: int) -> None:
         """Raise unless the pool can take t_new more tokens in every row (pads counted as tokens)."""
         t_new = require_int("t_new", t_new)
         self.pool._plan([(s, w, t_new) for s, w in zip(self.seq_ids, self.lengths(), strict=True)])
+
+    @staticmethod
+    def _plan_key(kind: str, tables: tuple[tuple[int, ...], ...], *rest: Any) -> tuple:
+        """What a plan is computed from: the block tables included, so no table change can reuse a stale one."""
+        return (kind, tables, *rest)
+
+    def _table_key(self) -> tuple[tuple[int, ...], ...]:
+        """The rows' block tables as a hashable key (a few microseconds for a batch)."""
+        return tuple(tuple(self.pool._tables[s]) for s in self.seq_ids)
 
     def update(self, k, v, positions):
         """Store k, v (B, h_kv, t_new, d_k) at positions (B, t_new); return (K, V, key positions) to read.
@@ -454,38 +543,57 @@ class _PagedCache:
         """
         pool = self.pool
         t_new = self._check_chunk(k, v)
-        positions = self._check_positions(positions, t_new)
-        real = _host(positions) >= 0  # (B, t_new) host: which tokens are stored
+        positions, host = self._check_positions(positions, t_new)
+        real = host >= 0  # (B, t_new) host: which tokens are stored
         written = self.lengths()
-        for s in self.seq_ids:  # a table that points at a freed block: refused before any write
-            pool._check_live(s, pool._tables[s])
-        pool._reserve([(s, w, int(r.sum())) for s, w, r in zip(self.seq_ids, written, real,
-                                                                strict=True)])
+        tables = self._table_key()
+        # a table that points at a freed block: refused before any write (all rows in one look-up)
+        pool._check_tables(self.seq_ids, *pool._table_array(tables))
+        counts = real.sum(1)  # (B,)
+        pool._reserve([(s, w, int(c)) for s, w, c in zip(self.seq_ids, written, counts, strict=True)])
         self._write(k, v, positions, real, written)
-        return self.gather()
+        return self._gather(check=False)  # the tables were checked above; reserving adds free blocks only
 
     def _write(self, k, v, positions, real: np.ndarray, written: list[int]) -> None:
         """Write each row's real tokens at its next slots, in this layer's K, V and the positions."""
-        pool, bs = self.pool, self.pool.block_size
-        rows, cols = np.nonzero(real)  # (n,) each: row-major, so each row's tokens stay in order
-        if rows.size == 0:
+        pool = self.pool
+        if not real.any():
             return
+        tables = self._table_key()
+        key = self._plan_key("write", tables, tuple(written), real.shape, real.tobytes())
+        to, frm, to_pos, frm_pos = pool._memo(key, lambda: self._write_plan(tables, real, written))
+        B, h, t_new, d = shape_of(k)
+        # flat rows: the pool's (N, h_kv, bs, d_k) -> (N h_kv bs, d_k), a view; the chunk's
+        # (B, h_kv, t_new, d_k) -> (B h_kv t_new, d_k); one row per real token and head
+        for pool_kv, new in ((pool.K, k), (pool.V, v)):
+            pool._put(pool_kv[self.layer].reshape(-1, d), to, pool._take(new.reshape(B * h * t_new, d), frm))
+        # positions (N, bs) -> (N bs,), a view; the chunk's (B, t_new) -> (B t_new,)
+        pool._put(pool.positions.reshape(-1), to_pos, pool._int64(pool._take(positions.reshape(-1), frm_pos)))
         counts = real.sum(1)  # (B,)
-        starts = np.cumsum(counts) - counts  # (B,) first entry of each row in rows/cols
-        slots = np.array(written)[rows] + np.arange(rows.size) - starts[rows]  # (n,) slot in its row
-        tables = [pool._tables[s] for s in self.seq_ids]
-        blocks = np.array([tables[r][s // bs] for r, s in zip(rows, slots, strict=True)])  # (n,)
-        offsets = slots % bs  # (n,)
-        b_i, o_i, r_i, c_i = (pool._index(a) for a in (blocks, offsets, rows, cols))
-        # K[layer][blocks, :, offsets]: (n, h_kv, d_k), as k[rows, :, cols]: (n, h_kv, d_k)
-        pool.K[self.layer][b_i, :, o_i] = k[r_i, :, c_i]
-        pool.V[self.layer][b_i, :, o_i] = v[r_i, :, c_i]
-        pool.positions[b_i, o_i] = pool._int64(positions[r_i, c_i])  # (n,)
-        for b, s in enumerate(self.seq_ids):
+        tops = np.where(real, _host(positions), -1).max(1) + 1  # (B,) one past each row's largest
+        for b, s in enumerate(self.seq_ids):  # host bookkeeping, one entry per row
             if counts[b]:
                 pool._written[s][self.layer] = written[b] + int(counts[b])
-                top = int(_host(positions[b])[real[b]].max()) + 1
-                pool._next[s][self.layer] = max(pool._next[s][self.layer], top)
+                pool._next[s][self.layer] = max(pool._next[s][self.layer], int(tops[b]))
+
+    def _write_plan(self, tables: tuple[tuple[int, ...], ...], real: np.ndarray,
+                    written: list[int]) -> tuple:
+        """Flat rows each real token goes to and comes from: (n h_kv,) twice for K, V, (n,) twice for positions."""
+        bs, h = self.pool.block_size, self.n_heads
+        t_new = real.shape[1]
+        tab, _ = self.pool._table_array(tables)  # (B, n_max)
+        rows, cols = np.nonzero(real)  # (n,) each: row-major, so each row's tokens stay in order
+        counts = real.sum(1)  # (B,)
+        starts = np.cumsum(counts) - counts  # (B,) first entry of each row in rows/cols
+        slots = np.asarray(written, np.int64)[rows] + np.arange(rows.size) - starts[rows]  # (n,)
+        blocks, offsets = tab[rows, slots // bs], slots % bs  # (n,) each
+        heads = np.arange(h)[None, :]  # (1, h_kv)
+        # (block, head, offset) in (N, h_kv, bs) and (row, head, col) in (B, h_kv, t_new), flattened:
+        # (n, 1) with (1, h_kv) -> (n, h_kv) -> (n h_kv,)
+        to = ((blocks[:, None] * h + heads) * bs + offsets[:, None]).reshape(-1)
+        frm = ((rows[:, None] * h + heads) * t_new + cols[:, None]).reshape(-1)
+        to_pos, frm_pos = blocks * bs + offsets, rows * t_new + cols  # (n,) each
+        return tuple(self.pool._index(a) for a in (to, frm, to_pos, frm_pos))
 
     def gather(self):
         """What the rows hold, read through their block tables: K, V (B, h_kv, S, d_k), k_pos (B, S).
@@ -493,25 +601,50 @@ class _PagedCache:
         S is the longest row; a shorter row's unused slots hold EMPTY positions (never attended).
         A table that points at a freed block is refused, naming the block and the sequence.
         """
-        pool, bs = self.pool, self.pool.block_size
+        return self._gather(check=True)
+
+    def _gather(self, check: bool):
+        """gather(), the live check of the tables optional (update has just made it)."""
+        pool = self.pool
         lengths = self.lengths()
-        S = max(max(lengths), 1)
-        n = math.ceil(S / bs)  # blocks of the longest row
-        table = np.zeros((self.B, n), np.int64)  # (B, n): short rows padded with block 0, masked
-        for r, s in enumerate(self.seq_ids):
-            held = pool._tables[s][:math.ceil(lengths[r] / bs)]
-            pool._check_live(s, held)
-            table[r, :len(held)] = held
-        idx = pool._index(table)
-        K = pool.K[self.layer][idx]  # (B, n, h_kv, bs, d_k)
-        V = pool.V[self.layer][idx]  # (B, n, h_kv, bs, d_k)
-        # the blocks side by side: (B, n, h_kv, bs, d_k) -> (B, h_kv, n, bs, d_k) -> (B, h_kv, n bs, d_k)
-        K = K.swapaxes(1, 2).reshape(self.B, self.n_heads, n * bs, self.d_k)
-        V = V.swapaxes(1, 2).reshape(self.B, self.n_heads, n * bs, self.d_k)
-        pos = pool.positions[idx].reshape(self.B, n * bs)  # (B, n, bs) -> (B, n bs)
-        held = np.arange(n * bs)[None, :] < np.array(lengths)[:, None]  # (B, n bs): slots this layer wrote
+        tables = self._table_key()
+        key = self._plan_key("gather", tables, tuple(lengths))
+        plan = pool._memo(key, lambda: self._gather_plan(tables, lengths))
+        blocks, rows, held, held_host, S, n = plan
+        if check:
+            pool._check_tables(self.seq_ids, pool._table_array(tables)[0], held_host)
+        bs, N = pool.block_size, pool.n_blocks
+        # one row per (block, head): (N, h_kv, bs, d_k) -> (N h_kv, bs, d_k), a view; rows (B h_kv n,)
+        # picks them in (B, h_kv, n) order, so one copy lands in the layout a dense cache returns
+        K = pool._take(pool.K[self.layer].reshape(N * self.n_heads, bs, self.d_k), rows)  # (B h n, bs, d_k)
+        V = pool._take(pool.V[self.layer].reshape(N * self.n_heads, bs, self.d_k), rows)  # (B h n, bs, d_k)
+        # the blocks side by side: (B h_kv n, bs, d_k) -> (B, h_kv, n bs, d_k), no copy
+        K = K.reshape(self.B, self.n_heads, n * bs, self.d_k)
+        V = V.reshape(self.B, self.n_heads, n * bs, self.d_k)
+        pos = pool._take(pool.positions, blocks).reshape(self.B, n * bs)  # (B n, bs) -> (B, n bs)
         pos = self._where(held, pos)  # (B, n bs)
         return K[:, :, :S], V[:, :, :S], pos[:, :S]  # (B, h_kv, S, d_k) twice, (B, S)
+
+    def _gather_plan(self, tables: tuple[tuple[int, ...], ...], lengths: list[int]) -> tuple:
+        """Blocks (B n,), (block, head) rows (B h_kv n,), slots written (B, n bs) on the device; entries read (host), S, n."""
+        pool, bs = self.pool, self.pool.block_size
+        S = max(max(lengths), 1)
+        n = math.ceil(S / bs)  # blocks of the longest row
+        tab, _ = pool._table_array(tables)  # (B, n_max)
+        table = np.zeros((self.B, n), np.int64)  # (B, n): short rows padded with block 0, masked
+        m = min(n, tab.shape[1])
+        table[:, :m] = tab[:, :m]
+        n_held = -(-np.asarray(lengths, np.int64) // bs)  # (B,) blocks each row has written into
+        held_host = np.arange(n)[None, :] < n_held[:, None]  # (B, n): the table entries read
+        table[~held_host] = 0
+        lengths_col = np.asarray(lengths, np.int64)[:, None]  # (B, 1)
+        held = np.arange(n * bs)[None, :] < lengths_col  # (B, n bs): slots this layer wrote
+        held_full = np.zeros(tab.shape, bool)  # (B, n_max): held_host placed in the full table
+        held_full[:, :m] = held_host[:, :m]
+        # block b's head j is row b h_kv + j of (N h_kv, bs, d_k): (B, 1, n) + (1, h_kv, 1) -> (B, h_kv, n)
+        rows = table[:, None, :] * self.n_heads + np.arange(self.n_heads)[None, :, None]
+        return (pool._index(table.reshape(-1)), pool._index(rows.reshape(-1)), pool._index(held),
+                held_full, S, n)
 
     def _where(self, held: np.ndarray, pos):
         """pos where held, EMPTY elsewhere."""
@@ -535,21 +668,21 @@ class _PagedCache:
             raise ValueError(f"k must add at least one position (t_new >= 1), got {shape_of(k)}")
         return t_new
 
-    def _check_positions(self, positions, t_new: int):
-        """positions (B, t_new) whole numbers, the real ones after every position the row holds."""
+    def _check_positions(self, positions, t_new: int) -> tuple[Any, np.ndarray]:
+        """positions (B, t_new) whole numbers, the real ones after every position the row holds; with a host copy."""
         self.pool._check_array("positions", positions)
         require_shape("positions", positions, (("B", self.B), ("t_new", t_new)))
         if "int" not in str(positions.dtype):
             raise TypeError(f"positions must hold whole numbers, got dtype {positions.dtype}")
         host = _host(positions)  # (B, t_new)
-        last = _host(self.next_positions()) - 1  # (B,): the latest position each row holds
+        last = self._next_host() - 1  # (B,): the latest position each row holds
         clash = (host >= 0) & (host <= last[:, None])  # (B, t_new); pads exempt
         if clash.any():
             b, t = (int(i) for i in np.argwhere(clash)[0])
             raise ValueError(f"positions must come after the cached ones: sequence "
                              f"{self.seq_ids[b]!r} (row {b}) holds up to position {int(last[b])}, "
                              f"and the chunk has {int(host[b, t])}")
-        return positions
+        return positions, host
 
 
 class PagedKVCache(_PagedCache):
