@@ -860,3 +860,64 @@ def test_one_call_through_every_layer_computes_its_index_plans_once():
 def test_plans_recomputed_for_every_layer_are_caught():
     with pytest.raises(AssertionError, match="not one each"):
         plans_once_per_call(ForgetfulPool(3, 16, 4, 1, 2))
+
+
+# ---- counts over every sequence at once: blocks_needed_each, tokens_held -------------------------
+def tokens_held_by_hand(pool) -> int:
+    """The reference: each block's fill (the most any holder wrote into it), summed once per block."""
+    fill: dict[int, int] = {}
+    for s, table in pool.tables.items():
+        n = pool.length(s)
+        for i, b in enumerate(table):
+            fill[b] = max(fill.get(b, 0), min(pool.block_size, max(n - i * pool.block_size, 0)))
+    return sum(fill.values())
+
+
+def _mixed_pool(twin: str):
+    """Blocks of 4: a (6 tokens) and its fork d share a half-full block; b full; c one token, 2 blocks reserved ahead."""
+    pool = make_pool(twin, 2, 16, 4, 1, 2)
+    for s, n in (("a", 6), ("b", 4), ("c", 1)):
+        pool.add(s)
+        put(pool, s, 0, n, tag=0, twin=twin)
+    pool.reserve("c", 6)  # blocks held, not yet written
+    pool.fork("a", "d")
+    return pool
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_blocks_needed_each_equals_blocks_needed_of_each_sequence_alone(twin):
+    pool = _mixed_pool(twin)
+    ids = ["a", "b", "c", "d"]
+    for counts in ([1, 1, 1, 1], [3, 4, 6, 2], [0, 5, 9, 0], [2, 0, 0, 7]):
+        want = [pool.blocks_needed(s, n) if n else 0 for s, n in zip(ids, counts, strict=True)]
+        assert pool.blocks_needed_each(ids, counts).tolist() == want, counts
+    assert pool.blocks_needed_each(["a", "d"], [1, 1]).tolist() == [1, 1], \
+        "each counted alone: both would copy the shared half-full block"
+    pool.free("d")  # nothing shared now: the vectorised count
+    for counts in ([1, 1, 1], [3, 4, 6], [0, 5, 9], [2, 0, 11]):
+        want = [pool.blocks_needed(s, n) if n else 0 for s, n in zip(ids[:3], counts, strict=True)]
+        assert pool.blocks_needed_each(ids[:3], counts).tolist() == want, counts
+    before = snapshot(pool)
+    with pytest.raises(ValueError, match="one count per sequence: 3 sequences, got 2 counts"):
+        pool.blocks_needed_each(ids[:3], [1, 1])
+    with pytest.raises(ValueError, match="'d' is not in the pool .it was freed already"):
+        pool.blocks_needed_each(["a", "d"], [1, 1])
+    with pytest.raises(ValueError, match="n_new must be >= 0, got -1"):
+        pool.blocks_needed_each(["a"], [-1])
+    assert snapshot(pool) == before
+
+
+@pytest.mark.parametrize("twin", TWINS)
+def test_tokens_held_counts_each_shared_block_once(twin):
+    pool = _mixed_pool(twin)
+    lengths = sum(pool.length(s) for s in pool.tables)
+    assert pool.tokens_held == tokens_held_by_hand(pool) == 6 + 4 + 1 < lengths, \
+        "the fork's 6 tokens are stored once"
+    put(pool, "d", 6, 3, tag=1, twin=twin)  # copy-on-write: d's second block is its own now
+    put(pool, "c", 1, 2, tag=1, twin=twin)  # into the reserved blocks
+    assert pool.tokens_held == tokens_held_by_hand(pool) == 6 + 4 + 3 + 5
+    pool.free("a")
+    assert pool.tokens_held == tokens_held_by_hand(pool) == 4 + 3 + 9
+    for s in ("b", "c", "d"):
+        pool.free(s)
+    assert pool.tokens_held == tokens_held_by_hand(pool) == 0

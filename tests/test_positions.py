@@ -788,3 +788,46 @@ def test_cuda_compiled_flex_attention_matches_and_trains():
         _, allowed_grad = derived_tolerance(c.grad, b.grad, torch.float32)
         gap = float((a.grad.double().cpu() - c.grad).abs().max())
         assert gap <= allowed_grad, f"d{name}: compiled flex gradient error {gap:.3g} > {allowed_grad:.3g}"
+
+
+# ---- RoPE's table path: pads' negative positions read the table too, bit for bit -------------------
+def _fresh_rope(x: torch.Tensor, p: torch.Tensor, pairing: str) -> torch.Tensor:
+    """The reference: cos and sin computed afresh for these positions (no table), as numpy's path does."""
+    at = p[:, None, :] if p.ndim == 2 else p  # (B, 1, T) or (T,)
+    cos, sin = rope_tables(at, x.shape[-1], 10000.0, pairing)  # float64
+    return posenc._rotate(x, cos, sin, pairing)  # (B, h, T, d_k)
+
+
+def rope_table_is_exact() -> None:
+    """rope on torch x equals fresh tables bit for bit at real positions and at left pads (negative)."""
+    g = torch.Generator().manual_seed(0)
+    p = torch.tensor([[-3, -2, -1, 0, 1, 2], [-1, 61, 62, 63, 64, 65], [200, 201, 202, 203, 204, 205]])
+    for dtype, pairing in ((torch.float32, "half"), (torch.float64, "interleaved")):
+        x = torch.randn(3, 2, 6, 8, generator=g, dtype=dtype)
+        got, want = rope(x, p, pairing=pairing), _fresh_rope(x, p, pairing)
+        real = (p >= 0)[:, None, :, None].expand_as(x)  # (B, h, T, d_k)
+        assert torch.equal(got[real], want[real]), f"{dtype} {pairing}: real positions differ"
+        assert torch.equal(got, want), f"{dtype} {pairing}: pads (negative positions) differ"
+        for q in (p[1], -p[2]):  # (T,) positions: a pad and real ones, or pads only
+            y = x[0, :1]  # (1, T, d_k)
+            assert torch.equal(rope(y, q, pairing=pairing), _fresh_rope(y, q, pairing)), (dtype, q)
+
+
+def test_rope_through_the_table_equals_fresh_tables_bit_for_bit_pads_included(monkeypatch):
+    rope_table_is_exact()
+    made = []  # a left-padded (mixed) call must not compute cos and sin afresh
+    monkeypatch.setattr(posenc, "rope_tables", lambda *a, **k: made.append(a) or rope_tables(*a, **k))
+    x, p = torch.ones(2, 1, 3, 4), torch.tensor([[-2, -1, 0], [5, 6, 7]])
+    rope(x, p)
+    rope(x, p)
+    assert len(made) <= 1, f"cos, sin computed {len(made)} times for two calls: no table for pads"
+
+
+@pytest.mark.parametrize("mutant, words", [
+    (lambda f: lambda x, p, *a: f(x, p.clamp(min=0), *a), "pads"),  # pads read position 0's row
+    (lambda f: lambda x, p, *a: f(x, p.clamp(max=62), *a), "real positions"),  # real ones clamped
+])
+def test_a_table_lookup_that_clamps_positions_is_caught(monkeypatch, mutant, words):
+    monkeypatch.setattr(posenc, "_cached_rotation", mutant(posenc._cached_rotation))
+    with pytest.raises(AssertionError, match=words):
+        rope_table_is_exact()

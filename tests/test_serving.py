@@ -433,3 +433,51 @@ def test_the_audit_catches_each_broken_scheduler(mutant, caught_by):
     serve(NUMPY, **PREEMPTING)  # the correct scheduler passes this very run
     with pytest.raises(AssertionError, match=caught_by):
         serve(NUMPY, **PREEMPTING, cls=mutant)
+
+
+# ---- 7. the room check: one count over the running requests per step ----------------------------
+class CountingBlockPool(paged.BlockPool):
+    """A BlockPool that counts its room checks: blocks_needed (one sequence), blocks_needed_each (many)."""
+
+    def __init__(self, *args: Any, **kwargs: Any):
+        super().__init__(*args, **kwargs)
+        self.counts = {"one": 0, "each": 0}
+
+    def blocks_needed(self, seq_id: Any, n_new: int) -> int:
+        self.counts["one"] += 1
+        return super().blocks_needed(seq_id, n_new)
+
+    def blocks_needed_each(self, seq_ids: Any, n_new: Any) -> np.ndarray:
+        self.counts["each"] += 1
+        return super().blocks_needed_each(seq_ids, n_new)
+
+
+class RoomPerRequest(Scheduler):
+    """Slow, not wrong: the room check asks the pool once per running request (the tokens are equal)."""
+
+    def _make_room(self, rec: serving.StepRecord) -> int:
+        sum(self.pool.blocks_needed(r.rid, self._feed(r)) for r in self.running if self._feed(r))
+        return super()._make_room(rec)
+
+
+def room_checks(cls: type) -> None:
+    """Each step counts the running requests' blocks in one pool call (one more per preemption)."""
+    pool = CountingBlockPool.for_model(NUMPY, PREEMPTING["n_blocks"], PREEMPTING["block_size"])
+    s = cls(NUMPY, pool, max_batch=PREEMPTING["max_batch"], chunk=PREEMPTING["chunk"])
+    for p, n, a in PREEMPTING["cases"]:
+        s.add(p, n, a)
+    while s.running or s.waiting:
+        pool.counts.update(one=0, each=0)
+        rec = s.step()
+        assert pool.counts["each"] == 1 + len(rec.preempted), (rec.step, pool.counts)
+        assert pool.counts["one"] <= len(rec.admitted) + 1, (
+            f"step {rec.step}: {pool.counts['one']} one-sequence room checks for "
+            f"{len(rec.admitted)} admissions: the running requests counted one call each")
+    assert s.finished == {rid: alone(NUMPY, p, n) for rid, (p, n, _) in enumerate(PREEMPTING["cases"])}
+
+
+@quiet
+def test_the_room_check_is_one_count_per_step_and_a_per_request_loop_is_caught():
+    room_checks(Scheduler)
+    with pytest.raises(AssertionError, match="counted one call each"):
+        room_checks(RoomPerRequest)

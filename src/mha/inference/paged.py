@@ -40,6 +40,7 @@ numpy and torch twins, same names and methods:
 
 from __future__ import annotations
 
+import itertools
 import math
 import types
 from collections.abc import Hashable, Sequence
@@ -139,6 +140,15 @@ class _Pool:
     @property
     def tokens_held(self) -> int:
         """Slots holding a real token, each shared block counted once (what the memory stores)."""
+        bs, tables = self.block_size, list(self._tables.values())
+        sizes = np.array([len(t) for t in tables], np.int64)  # (n_seq,) blocks each table holds
+        flat = np.fromiter(itertools.chain.from_iterable(tables), np.int64, int(sizes.sum()))  # (n,)
+        if flat.size and 0 <= flat.min() and flat.max() < self.n_blocks:  # ids in range: one vectorised pass
+            lengths = np.array([self.length(s) for s in self._tables], np.int64)  # (n_seq,)
+            index = np.arange(flat.size) - np.repeat(np.cumsum(sizes) - sizes, sizes)  # (n,) i of table[i]
+            fill = np.zeros(self.n_blocks, np.int64)  # (N,) a block's fill: the most any holder wrote
+            np.maximum.at(fill, flat, np.minimum(bs, np.repeat(lengths, sizes) - index * bs))
+            return int(fill.sum())
         fill: dict[int, int] = {}
         for s, table in self._tables.items():
             n = self.length(s)
@@ -198,6 +208,21 @@ class _Pool:
         self._known(seq_id)
         n_new = require_int("n_new", n_new)
         return self._plan([(seq_id, self.length(seq_id), n_new)], check_size=False)[0]
+
+    def blocks_needed_each(self, seq_ids: Sequence[Hashable], n_new: Sequence[int]) -> np.ndarray:
+        """(len(seq_ids),) blocks_needed(s, n) of each pair, each counted alone; n = 0 needs none; one vectorised count."""
+        if len(seq_ids) != len(n_new):
+            raise ValueError(f"n_new must give one count per sequence: {len(seq_ids)} sequences, "
+                             f"got {len(n_new)} counts")
+        starts = [self.length(s) for s in seq_ids]  # length names an unknown sequence
+        n = np.array([require_int("n_new", k, minimum=0) for k in n_new], np.int64)  # (B,)
+        if (self._refcounts > 1).any():  # a shared block may need copying: count each as blocks_needed
+            return np.array([self._plan([w], check_size=False)[0]
+                             for w in zip(seq_ids, starts, n.tolist(), strict=True)], np.int64)
+        bs = self.block_size
+        held = np.array([len(self._tables[s]) for s in seq_ids], np.int64)  # (B,)
+        total = -(-(np.array(starts, np.int64) + n) // bs)  # (B,) blocks each would span
+        return np.where(n > 0, np.maximum(total - held, 0), 0)  # (B,) no block shared: no copies
 
     def reserve(self, seq_id: Hashable, n_new: int) -> None:
         """Allocate what n_new more tokens need (copy-on-write first); all or nothing (PoolExhausted)."""
@@ -569,12 +594,12 @@ class _PagedCache:
             pool._put(pool_kv[self.layer].reshape(-1, d), to, pool._take(new.reshape(B * h * t_new, d), frm))
         # positions (N, bs) -> (N bs,), a view; the chunk's (B, t_new) -> (B t_new,)
         pool._put(pool.positions.reshape(-1), to_pos, pool._int64(pool._take(positions.reshape(-1), frm_pos)))
-        counts = real.sum(1)  # (B,)
-        tops = np.where(real, _host(positions), -1).max(1) + 1  # (B,) one past each row's largest
+        counts = real.sum(1).tolist()  # (B,) as Python ints
+        tops = (np.where(real, _host(positions), -1).max(1) + 1).tolist()  # (B,) one past each row's largest
         for b, s in enumerate(self.seq_ids):  # host bookkeeping, one entry per row
             if counts[b]:
-                pool._written[s][self.layer] = written[b] + int(counts[b])
-                pool._next[s][self.layer] = max(pool._next[s][self.layer], int(tops[b]))
+                pool._written[s][self.layer] = written[b] + counts[b]
+                pool._next[s][self.layer] = max(pool._next[s][self.layer], tops[b])
 
     def _write_plan(self, tables: tuple[tuple[int, ...], ...], real: np.ndarray,
                     written: list[int]) -> tuple:

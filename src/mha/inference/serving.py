@@ -225,7 +225,7 @@ class Scheduler:
     # ---- the parts of a step ------------------------------------------------------------------
     def _feed(self, req: Request) -> int:
         """Tokens `req` feeds this step: 1 when decoding, else the next prefill chunk."""
-        return 1 if req.decoding else min(self.chunk, len(req.tokens) - req.cached)
+        return 1 if req.decoding else min(self.chunk, len(req.prompt) + len(req.out) - req.cached)
 
     def _retire(self, rec: StepRecord) -> None:
         """Free the blocks of every request that has all its tokens; keep its output."""
@@ -238,8 +238,8 @@ class Scheduler:
     def _make_room(self, rec: StepRecord) -> int:
         """Preempt the most recently admitted requests until the step's tokens fit -> blocks planned."""
         while True:
-            planned = sum(self.pool.blocks_needed(r.rid, self._feed(r)) for r in self.running
-                          if self._feed(r))
+            feeds = [self._feed(r) for r in self.running]  # 0: nothing to feed, no blocks
+            planned = int(self.pool.blocks_needed_each([r.rid for r in self.running], feeds).sum())
             if planned <= self.pool.n_free:
                 return planned
             if len(self.running) <= 1:  # add() refuses what cannot fit alone: a bug if reached
