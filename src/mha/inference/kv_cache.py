@@ -107,6 +107,60 @@ def decode_step_cost(B: int, h: int, S: int, d_k: int, itemsize: int, n_kv_heads
     return DecodeCost(flops, nbytes, float(peak_flops), float(bandwidth))
 
 
+class _NumpyArrays:
+    """The numpy side of a twin (dense cache or block pool): its dtype, its buffers, its array checks."""
+
+    _noun = "cache"  # what the errors call the object: "cache" or "pool"
+
+    @staticmethod
+    def _default_dtype():
+        return np.float64
+
+    @staticmethod
+    def _dtype(dtype) -> np.dtype:
+        dtype = np.dtype(dtype)
+        if not np.issubdtype(dtype, np.floating):
+            raise TypeError(f"dtype must be a floating-point type, got {dtype}")
+        return dtype
+
+    @classmethod
+    def _zeros(cls, shape, dtype, device) -> np.ndarray:
+        if device is not None:
+            raise ValueError(f"a numpy {cls._noun} lives in host memory; got device={device!r}")
+        return np.zeros(shape, dtype)
+
+    def _check_array(self, name: str, a) -> None:
+        if not isinstance(a, np.ndarray):
+            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
+
+
+class _TorchArrays:
+    """The torch side of a twin: its dtype, its buffers on one device, its tensor checks."""
+
+    _noun = "cache"
+
+    @staticmethod
+    def _default_dtype():
+        return torch.float32
+
+    @staticmethod
+    def _dtype(dtype):
+        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
+            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
+        return dtype
+
+    @staticmethod
+    def _zeros(shape, dtype, device):
+        dtype = torch.int64 if dtype == "int64" else dtype
+        return torch.zeros(shape, dtype=dtype, device=device)
+
+    def _check_array(self, name: str, a) -> None:
+        if not isinstance(a, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
+        if a.device != self.K.device:
+            raise ValueError(f"{name} is on {a.device} but the {self._noun} is on {self.K.device}")
+
+
 class _Cache:
     """Shared logic of KVCache and TorchKVCache; subclasses only allocate and check array types."""
 
@@ -197,17 +251,7 @@ class _Cache:
     def _check_chunk(self, k, v) -> int:
         """Check k, v against the cache (array type, dtype, shape, room left); return t_new."""
         expected = (("B", self.B), ("h", self.n_heads), ("t_new", None), ("d_k", self.d_k))
-        for name, a in (("k", k), ("v", v)):
-            self._check_array(name, a)
-            require_float(name, a)
-            if a.dtype != self.dtype:
-                raise TypeError(f"{name} must be {self.dtype} to match the cache, got {a.dtype}")
-            require_shape(name, a, expected)
-        if shape_of(v) != shape_of(k):
-            raise ValueError(f"v must have the shape of k {shape_of(k)}, got {shape_of(v)}")
-        t_new = shape_of(k)[2]
-        if t_new == 0:
-            raise ValueError(f"k must add at least one position (t_new >= 1), got {shape_of(k)}")
+        t_new = check_kv(k, v, expected, self.dtype, self._check_array, "cache")
         self.check_room(t_new)
         return t_new
 
@@ -233,35 +277,38 @@ class _Cache:
         return positions
 
 
+def check_kv(k, v, expected: tuple, dtype, check_array, noun: str) -> int:
+    """Check a chunk k, v (B, h_kv, t_new, d_k) for a cache or pool: array type, dtype, shape; -> t_new.
+
+    `expected` names each axis and its size (None: any); `check_array(name, a)` is the twin's
+    array-type check; `noun` ("cache" or "pool") is what the dtype error says it must match.
+    """
+    for name, a in (("k", k), ("v", v)):
+        check_array(name, a)
+        require_float(name, a)
+        if a.dtype != dtype:
+            raise TypeError(f"{name} must be {dtype} to match the {noun}, got {a.dtype}")
+        require_shape(name, a, expected)
+    if shape_of(v) != shape_of(k):
+        raise ValueError(f"v must have the shape of k {shape_of(k)}, got {shape_of(v)}")
+    t_new = shape_of(k)[2]
+    if t_new == 0:
+        raise ValueError(f"k must add at least one position (t_new >= 1), got {shape_of(k)}")
+    return t_new
+
+
 def _host(a):
     """a as a numpy array (a torch tensor is copied to the host)."""
     return a.detach().cpu().numpy() if is_torch(a) else a
 
 
-class KVCache(_Cache):
+class KVCache(_NumpyArrays, _Cache):
     """numpy keys and values K, V (B, h_kv, slots, d_k) of one layer, their positions, the length used."""
 
     @classmethod
     def for_module(cls, module, B: int, max_len: int) -> KVCache:
         """A cache that fits `module` (its n_kv_heads, d_k, dtype; a ring if it has a window)."""
         return module.new_cache(B, max_len)
-
-    @staticmethod
-    def _default_dtype():
-        return np.float64
-
-    @staticmethod
-    def _dtype(dtype) -> np.dtype:
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {dtype}")
-        return dtype
-
-    @staticmethod
-    def _zeros(shape, dtype, device) -> np.ndarray:
-        if device is not None:
-            raise ValueError(f"a numpy cache lives in host memory; got device={device!r}")
-        return np.zeros(shape, dtype)
 
     @staticmethod
     def _arange(n: int) -> np.ndarray:
@@ -271,12 +318,9 @@ class KVCache(_Cache):
     def _cat(a, b, axis: int) -> np.ndarray:
         return np.concatenate([a, b], axis=axis)
 
-    def _check_array(self, name: str, a) -> None:
-        if not isinstance(a, np.ndarray):
-            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
 
 
-class TorchKVCache(_Cache):
+class TorchKVCache(_TorchArrays, _Cache):
     """torch keys and values K, V (B, h_kv, slots, d_k) of one layer on one device, and their positions."""
 
     @classmethod
@@ -284,33 +328,12 @@ class TorchKVCache(_Cache):
         """A cache that fits `module` (its n_kv_heads, d_k, dtype, device; a ring if it has a window)."""
         return module.new_cache(B, max_len)
 
-    @staticmethod
-    def _default_dtype():
-        return torch.float32
-
-    @staticmethod
-    def _dtype(dtype):
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-        return dtype
-
-    @staticmethod
-    def _zeros(shape, dtype, device):
-        dtype = torch.int64 if dtype == "int64" else dtype
-        return torch.zeros(shape, dtype=dtype, device=device)
-
     def _arange(self, n: int):
         return torch.arange(n, device=self.K.device)
 
     @staticmethod
     def _cat(a, b, axis: int):
         return torch.cat([a, b], dim=axis)
-
-    def _check_array(self, name: str, a) -> None:
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
-        if a.device != self.K.device:
-            raise ValueError(f"{name} is on {a.device} but the cache is on {self.K.device}")
 
     def update(self, k, v, positions):
         """Store k, v (B, h, t_new, d_k) at positions (B, t_new); return (K, V, key positions) to read."""

@@ -48,8 +48,8 @@ from typing import Any
 
 import numpy as np
 
-from mha.inference.kv_cache import EMPTY, _host
-from mha.validate import is_torch, require_float, require_int, require_shape, shape_of, torch
+from mha.inference.kv_cache import EMPTY, _host, _NumpyArrays, _TorchArrays, check_kv
+from mha.validate import is_torch, require_int, require_shape, shape_of, torch
 
 __all__ = ["EMPTY", "BlockPool", "PagedKVCache", "PoolExhausted", "TorchBlockPool",
            "TorchPagedKVCache"]
@@ -388,8 +388,10 @@ class _Pool:
                 table.append(new)
 
 
-class BlockPool(_Pool):
+class BlockPool(_NumpyArrays, _Pool):
     """numpy blocks K, V (L, N, h_kv, bs, d_k), their positions (N, bs), the tables and refcounts."""
+
+    _noun = "pool"
 
     @staticmethod
     def _attention_layers(model: Any) -> list:
@@ -402,23 +404,6 @@ class BlockPool(_Pool):
     @staticmethod
     def _device_of(module: Any) -> None:
         return None
-
-    @staticmethod
-    def _default_dtype():
-        return np.float64
-
-    @staticmethod
-    def _dtype(dtype) -> np.dtype:
-        dtype = np.dtype(dtype)
-        if not np.issubdtype(dtype, np.floating):
-            raise TypeError(f"dtype must be a floating-point type, got {dtype}")
-        return dtype
-
-    @staticmethod
-    def _zeros(shape, dtype, device) -> np.ndarray:
-        if device is not None:
-            raise ValueError(f"a numpy pool lives in host memory; got device={device!r}")
-        return np.zeros(shape, dtype)
 
     def _index(self, a: np.ndarray) -> np.ndarray:
         return a
@@ -435,9 +420,6 @@ class BlockPool(_Pool):
     def _int64(a: np.ndarray) -> np.ndarray:
         return a.astype(np.int64)
 
-    def _check_array(self, name: str, a) -> None:
-        if not isinstance(a, np.ndarray):
-            raise TypeError(f"{name} must be a numpy array, got {type(a).__name__}")
 
 
 def _is_torch_model(model: Any) -> bool:
@@ -445,8 +427,10 @@ def _is_torch_model(model: Any) -> bool:
     return hasattr(model, "parameters") and hasattr(model, "named_modules")
 
 
-class TorchBlockPool(_Pool):
+class TorchBlockPool(_TorchArrays, _Pool):
     """torch blocks K, V (L, N, h_kv, bs, d_k) on one device, positions (N, bs), tables and refcounts."""
+
+    _noun = "pool"
 
     @staticmethod
     def _attention_layers(model: Any) -> list:
@@ -464,21 +448,6 @@ class TorchBlockPool(_Pool):
         """Where K, V and positions live."""
         return self.K.device
 
-    @staticmethod
-    def _default_dtype():
-        return torch.float32
-
-    @staticmethod
-    def _dtype(dtype):
-        if not isinstance(dtype, torch.dtype) or not dtype.is_floating_point:
-            raise TypeError(f"dtype must be a floating-point torch.dtype, got {dtype}")
-        return dtype
-
-    @staticmethod
-    def _zeros(shape, dtype, device):
-        dtype = torch.int64 if dtype == "int64" else dtype
-        return torch.zeros(shape, dtype=dtype, device=device)
-
     def _index(self, a: np.ndarray):
         return torch.as_tensor(a, device=self.K.device)
 
@@ -494,11 +463,6 @@ class TorchBlockPool(_Pool):
     def _int64(a):
         return a.to(torch.int64)
 
-    def _check_array(self, name: str, a) -> None:
-        if not isinstance(a, torch.Tensor):
-            raise TypeError(f"{name} must be a torch.Tensor, got {type(a).__name__}")
-        if a.device != self.K.device:
-            raise ValueError(f"{name} is on {a.device} but the pool is on {self.K.device}")
 
     @property
     def nbytes(self) -> int:
@@ -678,20 +642,8 @@ class _PagedCache:
 
     def _check_chunk(self, k, v) -> int:
         """Check k, v against the pool (array type, dtype, shape); return t_new."""
-        pool = self.pool
         expected = (("B", self.B), ("h_kv", self.n_heads), ("t_new", None), ("d_k", self.d_k))
-        for name, a in (("k", k), ("v", v)):
-            pool._check_array(name, a)
-            require_float(name, a)
-            if a.dtype != self.dtype:
-                raise TypeError(f"{name} must be {self.dtype} to match the pool, got {a.dtype}")
-            require_shape(name, a, expected)
-        if shape_of(v) != shape_of(k):
-            raise ValueError(f"v must have the shape of k {shape_of(k)}, got {shape_of(v)}")
-        t_new = shape_of(k)[2]
-        if t_new == 0:
-            raise ValueError(f"k must add at least one position (t_new >= 1), got {shape_of(k)}")
-        return t_new
+        return check_kv(k, v, expected, self.dtype, self.pool._check_array, "pool")
 
     def _check_positions(self, positions, t_new: int) -> tuple[Any, np.ndarray]:
         """positions (B, t_new) whole numbers, the real ones after every position the row holds; with a host copy."""
