@@ -109,14 +109,13 @@ class MultiHeadAttention:
 
     def forward(self, x: np.ndarray, context: np.ndarray | None = None, causal: bool = False,
                 mask: np.ndarray | None = None, positions: np.ndarray | None = None,
-                cache: KVCache | PagedKVCache | None = None, backend: str | None = None
-                ) -> np.ndarray:
+                cache: KVCache | PagedKVCache | None = None, backend: str | None = None) -> np.ndarray:
         """Attend from x (B, T, d_model) to context (B, S, d_model; default x) -> (B, T, d_model).
 
         `causal=True` lets a query see keys at positions <= its own. `mask`: boolean, True = may
         attend, (T, S), (B, T, S) or (B|1, h|1, T, S). `positions` (T,) or (B, T) ints (default
-        0..T-1, or after the cache; negative = padding). `cache` (self-attention; a KVCache or a
-        PagedKVCache, which takes no `mask`) keeps k, v for the next call; `backend` overrides the module's. Weights on `self.attn` (None if not formed).
+        0..T-1, or after the cache; negative = padding). `cache` (self-attention; a KVCache, or a
+        PagedKVCache: no `mask`) keeps k, v; `backend` overrides the module's. Weights: `self.attn`.
         """
         B, T, S, backend = self._checked(x, context, mask, cache, backend)
         causal = compose.require_causal(causal, self.options.window)
