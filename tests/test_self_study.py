@@ -101,7 +101,7 @@ def test_a_planted_answer_stops_start_before_the_work_folder(started, tmp_path):
     assert not list(work.rglob("*.ipynb"))
 
 
-@pytest.mark.parametrize("name", ["A9", "B1", "", "A"])
+@pytest.mark.parametrize("name", ["A10", "B1", "", "A"])
 def test_a_bad_name_is_a_clear_error(name, tmp_path, capsys):
     with pytest.raises(ValueError, match="choose one of A1, A2"):
         self_study.resolve(name)
