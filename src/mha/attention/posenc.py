@@ -160,39 +160,26 @@ def _cached_rotation(x: Any, p: Any, base: float, pairing: str) -> Any:
     """rope for torch x from a cached table of positions -m..n-1, pads' negative positions included.
 
     Decoding rotates one token per step and layer: looking its row up in a table made once (in
-    float64 from the same angles, then cast to x's dtype) gives the same numbers as computing
-    it, without a dozen small kernel launches per call. A left-padded batch's pads (negative
-    positions) read the table's rows below 0, so their numbers are unchanged too. The quarter
-    turn is one feature gather (pair partners swapped) times a sin table whose sign it carries:
-    (-b) * s and b * (-s) are the same float, so the result is bit for bit rotate_half's.
+    float64, then cast to x's dtype) gives the same numbers as computing it, without a dozen
+    small kernel launches per call. A left-padded batch's pads (negative positions) read the
+    table's rows below 0, so their numbers are unchanged too.
     """
     lo, hi = (int(v) for v in torch.aminmax(p))
     n = max(64, 1 << hi.bit_length()) if hi >= 0 else 0  # grow by doubling: few sizes are cached
     m = 1 << (-lo - 1).bit_length() if lo < 0 else 0  # rows below 0: m >= -lo, a power of two
-    d_k = shape_of(x)[-1]
-    cos, sin, partner = _table(m, n, d_k, float(base), pairing, str(x.device), x.dtype)
+    cos, sin = _table(m, n, shape_of(x)[-1], float(base), pairing, str(x.device), x.dtype)
     at = p[:, None, :] if p.ndim == 2 else p  # (B, 1, T) for per-sequence positions, else (T,)
-    rows = (at + m if m else at).reshape(-1)  # (B T,) or (T,): position q sits at row q + m
-    cos = cos.index_select(0, rows).view(*at.shape, d_k)  # (B, 1, T, d_k) or (T, d_k)
-    sin = sin.index_select(0, rows).view(*at.shape, d_k)  # signed: -sin where the partner is negated
-    swapped = x.reshape(-1, d_k).index_select(1, partner).view(x.shape)  # (..., T, d_k) partners swapped
-    return x * cos + swapped * sin  # (..., T, d_k) * (.., T, d_k) -> (..., T, d_k)
+    at = at + m if m else at  # position q sits at row q + m
+    turn = rotate_half if pairing == "half" else rotate_pairs
+    return x * cos[at] + turn(x) * sin[at]  # (..., T, d_k) * (.., T, d_k) -> (..., T, d_k)
 
 
 @functools.lru_cache(maxsize=64)
 def _table(m: int, n: int, d_k: int, base: float, pairing: str, device: str,
-           dtype: Any) -> tuple[Any, Any, Any]:
-    """cos, signed sin (m + n, d_k) of positions -m..n-1 (row q + m is position q), cast to dtype once; the partner order (d_k,)."""
+           dtype: Any) -> tuple[Any, Any]:
+    """cos, sin (m + n, d_k) of positions -m..n-1 (row q + m is position q): float64, cast once."""
     cos, sin = rope_tables(torch.arange(-m, n, device=device), d_k, base, pairing)  # float64
-    half = d_k // 2
-    if pairing == "half":  # rotate_half: (x1, x2) -> (-x2, x1)
-        partner = torch.cat([torch.arange(half, d_k), torch.arange(half)])  # (d_k,)
-        sign = torch.cat([-torch.ones(half), torch.ones(half)])  # (d_k,)
-    else:  # rotate_pairs: (a, b) -> (-b, a) for each adjacent pair
-        partner = torch.arange(d_k).view(half, 2).flip(-1).reshape(-1)  # (d_k,) 1, 0, 3, 2, ...
-        sign = torch.tensor([-1.0, 1.0]).repeat(half)  # (d_k,)
-    sign = sign.to(device=device, dtype=torch.float64)
-    return cos.to(dtype), (sin * sign).to(dtype), partner.to(device)
+    return cos.to(dtype), sin.to(dtype)
 
 
 def rope_permutation(d_k: int) -> np.ndarray:

@@ -379,20 +379,6 @@ def _device(model: Any) -> Any:
     return next(model.parameters()).device
 
 
-def _attention_layers(model: Any, is_torch_model: bool) -> list:
-    """The attention module of every layer of a NumpyTinyTransformer or torch TinyTransformer."""
-    if is_torch_model:
-        blocks = getattr(model, "blocks", None)
-        if blocks is None:
-            raise TypeError(f"model must be a TinyTransformer (or its numpy twin), got "
-                            f"{type(model).__name__} with no .blocks")
-        return [b.attn for b in blocks]
-    if not hasattr(model, "attention_layers"):
-        raise TypeError(f"model must be a NumpyTinyTransformer or a torch TinyTransformer, got "
-                        f"{type(model).__name__}")
-    return model.attention_layers
-
-
 def _check_pool(model: Any, pool: Any, is_torch_model: bool) -> None:
     """Raise, naming expected vs got, unless the pool was sized for this model's attention layers."""
     from mha.inference import paged
