@@ -1,6 +1,6 @@
 """Translation catalogs of the series: English markdown in, gettext catalogs out, Chinese notebooks back.
 
-One source: the English notebooks (and the book's own pages) hold the prose, code and outputs.
+One source: the English notebooks (and the pages beside them: `glossary.md`, `errata.md`) hold the prose, code and outputs.
 Each markdown cell is cut into blocks (a paragraph, a list, a table, a heading: text between blank
 lines, fenced code and display maths kept whole); every block with words in it is one gettext
 message, one catalog per notebook in `notebooks/locale/zh_CN/LC_MESSAGES/<stem>.po`. The Chinese
@@ -31,7 +31,6 @@ from dataclasses import dataclass
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 NOTEBOOKS = ROOT / "notebooks"
-PAGES = pathlib.Path(__file__).resolve().parent / "pages"  # the book's own pages (glossary, errata)
 LOCALE_DIR = NOTEBOOKS / "locale"
 LANG = "zh_CN"
 FENCE = re.compile(r"^\s{0,3}(```|~~~)")
@@ -160,7 +159,7 @@ def sources() -> list[Source]:
     """Every translated document: lessons, assignments (their instructions) and the book's pages."""
     found = [Source(p.stem, p) for p in sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))]
     found += [Source(p.stem, p) for p in sorted((NOTEBOOKS / "assignments" / "source").glob("A*/A*.ipynb"))]
-    found += [Source(f"page_{p.stem}", p) for p in sorted(PAGES.glob("*.md"))]
+    found += [Source(p.stem, p) for p in sorted(NOTEBOOKS.glob("*.md"))]  # glossary, errata
     return found
 
 
