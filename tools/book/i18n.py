@@ -206,10 +206,12 @@ def write(cat, domain: str, lang: str = LANG) -> None:
                  sort_output=False)
 
 
-def update(lang: str = LANG) -> dict[str, int]:
-    """Bring every catalog in line with its English: new blocks added, changed ones fuzzy, gone ones dropped."""
+def update(domains: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
+    """Bring catalogs (all, or `domains`) in line with their English: new blocks added, changed ones fuzzy, gone ones dropped."""
     counts = {}
     for src in sources():
+        if domains and src.domain not in domains:
+            continue
         tmpl = template(src)
         cat = read(src.domain, lang)
         if cat is None:
@@ -383,7 +385,8 @@ def relink(text: str, src_dir: pathlib.Path, dest: pathlib.Path) -> str:
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m tools.book.i18n", description=__doc__.split("\n")[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    sub.add_parser("update", help="catalogs follow the English")
+    u = sub.add_parser("update", help="catalogs follow the English")
+    u.add_argument("domains", nargs="*", help="only these catalogs (default: all)")
     s = sub.add_parser("stat", help="how far each catalog is translated")
     s.add_argument("--strict", action="store_true", help="exit 1 on anything fuzzy, untranslated or invalid")
     t = sub.add_parser("todo", help="what is left in one catalog, as @@ N blocks")
@@ -396,7 +399,7 @@ def main(argv: list[str] | None = None) -> int:
     n.add_argument("dest", type=pathlib.Path, nargs="?", default=NOTEBOOKS / "zh_CN")
     a = p.parse_args(argv)
     if a.cmd == "update":
-        counts = update()
+        counts = update(a.domains or None)
         print(f"{len(counts)} catalogs, {sum(counts.values())} messages in {LOCALE_DIR / LANG}")
     elif a.cmd == "stat":
         stats = stat(verbose=a.strict)
