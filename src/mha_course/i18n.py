@@ -3,7 +3,8 @@
 The Try-it checks wrap each message in `_()`: `not_yet(_("got {kind}").format(kind=...))`. In
 the English edition `_` returns its argument. In the Chinese edition (`make lab-zh` writes the
 Chinese notebooks into a folder holding a `.mha-language` file; the kernel starts in that
-folder) it returns the message's translation from `locale/zh_CN/LC_MESSAGES/mha_course.po`,
+folder) it returns the message's translation from the catalogs in `locale/zh_CN/LC_MESSAGES/` (one
+per module),
 falling back to the English when an entry is missing or fuzzy. `MHA_LANG=zh_CN` (or `en`)
 chooses explicitly, and `use_language` switches inside a running kernel or a test.
 
@@ -74,8 +75,12 @@ def read_po(path: pathlib.Path) -> dict[str, str]:
 @functools.cache
 def catalog(lang: str) -> dict[str, str]:
     """The course's messages in `lang` (empty for English or when no catalog is installed)."""
-    path = LOCALE / lang / "LC_MESSAGES" / "mha_course.po"
-    return read_po(path) if lang != "en" and path.is_file() else {}
+    if lang == "en":
+        return {}
+    merged: dict[str, str] = {}
+    for path in sorted((LOCALE / lang / "LC_MESSAGES").glob("*.po")):  # one catalog per module
+        merged.update(read_po(path))
+    return merged
 
 
 def _(message: str) -> str:
