@@ -36,6 +36,7 @@ from typing import Any, NoReturn
 
 import numpy as np
 
+from mha_course.i18n import LANGUAGES, _, catalog, language
 from mha_course.integrity import _LIBS, _PKG_DIR
 
 
@@ -43,39 +44,85 @@ class NotYet(AssertionError):
     """A self-check's verdict on a wrong answer: the message names the mistake."""
 
 
+# The three verdicts, each a prefix and the check's words; the prefix is in the learner's language.
+_NOT_TRIED, _RIGHT, _NOT_YET = "not tried yet: {what}", "right: {why}", "not yet: {why}"
+
+
 def not_tried(what: str) -> str:
     """The message for the untouched placeholder: what to write, nothing about the answer."""
-    return f"not tried yet: {what}"
+    return _("not tried yet: {what}").format(what=what)
 
 
 def right(why: str) -> str:
     """The message for a right answer."""
-    return f"right: {why}"
+    return _("right: {why}").format(why=why)
+
+
+def not_yet_text(why: str) -> str:
+    """The text of a 'not yet' verdict (what `not_yet` raises)."""
+    return _("not yet: {why}").format(why=why)
 
 
 def not_yet(why: str) -> NoReturn:
     """Reject a wrong answer with a message that names the mistake."""
-    raise NotYet(f"not yet: {why}")
+    raise NotYet(not_yet_text(why))
+
+
+@functools.cache
+def _prefixes(template: str) -> tuple[str, ...]:
+    """The verdict's prefix in every language ('right: ', '对了：'), longest first."""
+    found = {template.split("{")[0]}
+    found |= {catalog(lang).get(template, template).split("{")[0] for lang in LANGUAGES}
+    return tuple(sorted(found, key=len, reverse=True))
+
+
+def is_right(said: str) -> bool:
+    """True for a 'right' verdict, in either language."""
+    return str(said).startswith(_prefixes(_RIGHT))
+
+
+def is_not_tried(said: str) -> bool:
+    """True for a 'not tried yet' verdict, in either language."""
+    return str(said).startswith(_prefixes(_NOT_TRIED))
+
+
+def words_of(said: str) -> str:
+    """A verdict without its prefix ('right: ', 'not yet: ', ...; either language)."""
+    said = str(said)
+    for template in (_NOT_TRIED, _RIGHT, _NOT_YET):
+        for prefix in _prefixes(template):
+            if said.startswith(prefix):
+                return said[len(prefix):].strip()
+    return said.strip()
+
+
+def joined(parts: Iterable[str]) -> str:
+    """Clauses joined as one sentence's list: '; ' in English, '；' in Chinese."""
+    return ("；" if language() == "zh_CN" else "; ").join(parts)
 
 
 def as_number(answer: Any, name: str, integer: bool = False) -> float | int:
     """The answer as a plain number, or NotYet saying what arrived instead (text, a list, ...)."""
     if isinstance(answer, bool | np.bool_) or isinstance(answer, str | bytes):
-        not_yet(f"{name} must be a number, got {type(answer).__name__} {answer!r}")
+        not_yet(_("{name} must be a number, got {kind} {answer!r}").format(
+            name=name, kind=type(answer).__name__, answer=answer))
     try:
         value = np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer)
     except Exception:  # noqa: BLE001 - anything that is not array-like
-        not_yet(f"{name} must be a number, got {type(answer).__name__}")
+        not_yet(_("{name} must be a number, got {kind}").format(name=name,
+                                                                 kind=type(answer).__name__))
     if value.shape == (1,) and not isinstance(answer, list | tuple):
         value = value.reshape(())  # a one-element array or tensor is one number
     if value.shape != () or not np.issubdtype(value.dtype, np.number):
-        not_yet(f"{name} must be one number, got {type(answer).__name__} of shape {value.shape} "
-                f"and dtype {value.dtype}")
+        not_yet(_("{name} must be one number, got {kind} of shape {shape} and dtype {dtype}").format(
+            name=name, kind=type(answer).__name__, shape=value.shape, dtype=value.dtype))
     if not np.isfinite(value):
-        not_yet(f"{name} must be a finite number, got {value.item()}")
+        not_yet(_("{name} must be a finite number, got {value}").format(name=name,
+                                                                         value=value.item()))
     if integer:
         if float(value) != int(value):
-            not_yet(f"{name} must be a whole number, got {value.item()}")
+            not_yet(_("{name} must be a whole number, got {value}").format(name=name,
+                                                                            value=value.item()))
         return int(value)
     return float(value)
 
@@ -86,12 +133,12 @@ def read_array(answer: Any, expected: str) -> np.ndarray:
     `expected` says what was wanted, e.g. "positions must be a (3, 5) int array".
     """
     if isinstance(answer, str | bytes):
-        not_yet(f"{expected}, got text {answer!r:.40}")
+        not_yet(_("{expected}, got text {answer!r:.40}").format(expected=expected, answer=answer))
     try:
         return np.asarray(answer.detach().cpu() if hasattr(answer, "detach") else answer)
     except Exception:  # noqa: BLE001 - ragged lists and other non-arrays
-        not_yet(f"{expected}, got {type(answer).__name__} that numpy cannot read as one "
-                f"(rows of different lengths?)")
+        not_yet(_("{expected}, got {kind} that numpy cannot read as one (rows of different "
+                  "lengths?)").format(expected=expected, kind=type(answer).__name__))
 
 
 def as_array(answer: Any, name: str, shape: Sequence[int] | None = None, kind: str = "number",
@@ -101,20 +148,24 @@ def as_array(answer: Any, name: str, shape: Sequence[int] | None = None, kind: s
     Raises NotYet, not a numpy error, for text, ragged lists, a wrong shape or a wrong dtype.
     Whole numbers stored as floats (1.0, 2.0) are read as ints.
     """
-    value = read_array(answer, f"{name} must be an array")
+    value = read_array(answer, _("{name} must be an array").format(name=name))
     if kind == "int" and value.dtype.kind == "f" and value.size and np.isfinite(value).all() \
             and (value == np.round(value)).all():
         value = value.astype(np.int64)
-    want = {"number": "numbers", "int": "whole numbers (an int array)",
-            "bool": "booleans (True = may attend)"}[kind]
+    want = {"number": _("numbers"), "int": _("whole numbers (an int array)"),
+            "bool": _("booleans (True = may attend)")}[kind]
     ok = {"number": np.issubdtype(value.dtype, np.number) and value.dtype != np.bool_,
           "int": np.issubdtype(value.dtype, np.integer),
           "bool": value.dtype == np.bool_}[kind]
     if shape is not None and value.shape != tuple(shape):
-        not_yet(f"{name} must have shape {tuple(shape)}, got shape {value.shape}")
+        not_yet(_("{name} must have shape {want}, got shape {got}").format(
+            name=name, want=tuple(shape), got=value.shape))
     if not ok:
-        hint = " (e.g. .astype(bool))" if kind == "bool" and np.issubdtype(value.dtype, np.number) else ""
-        not_yet(f"{name} must hold {want}, got dtype {value.dtype}{hint}")
+        if kind == "bool" and np.issubdtype(value.dtype, np.number):
+            not_yet(_("{name} must hold {want}, got dtype {dtype} (e.g. .astype(bool))").format(
+                name=name, want=want, dtype=value.dtype))
+        not_yet(_("{name} must hold {want}, got dtype {dtype}").format(name=name, want=want,
+                                                                       dtype=value.dtype))
     return value
 
 
@@ -129,8 +180,10 @@ def first_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
         return None
     if len(found) == 1:
         return found[0]
-    return "two slips give this same value: " + "; or ".join(found) if len(found) == 2 else \
-        f"{len(found)} slips give this same value: " + "; or ".join(found)
+    slips = _("; or ").join(found)
+    if len(found) == 2:
+        return _("two slips give this same value: {slips}").format(slips=slips)
+    return _("{n} slips give this same value: {slips}").format(n=len(found), slips=slips)
 
 
 def transposed_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> str | None:
@@ -142,8 +195,8 @@ def transposed_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]]) -> st
     why = first_match(np.swapaxes(got, -1, -2), mistakes)
     if why is None:
         return None
-    return (f"two slips: it is transposed (rows must be the queries, columns the keys), and "
-            f"turned round, {why}")
+    return _("two slips: it is transposed (rows must be the queries, columns the keys), and "
+             "turned round, {why}").format(why=why)
 
 
 def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
@@ -159,15 +212,16 @@ def inverted_match(got: np.ndarray, mistakes: Iterable[tuple[Any, str]],
         if np.array_equal(~got, want):
             return None
         if got.ndim >= 2 and np.array_equal(np.swapaxes(~got, -1, -2), want):
-            return ("two slips: it is inverted, True where attention is blocked (torch's "
-                    "key_padding_mask convention; here True means may attend), and transposed "
-                    "(rows must be the queries, columns the keys)")
+            return _("two slips: it is inverted, True where attention is blocked (torch's "
+                     "key_padding_mask convention; here True means may attend), and transposed "
+                     "(rows must be the queries, columns the keys)")
     mistakes = list(mistakes)
     why = first_match(~got, mistakes) or transposed_match(~got, mistakes)
     if why is None:
         return None
-    return (f"two slips: it is inverted, True where attention is blocked (torch's "
-            f"key_padding_mask convention; here True means may attend), and negated back, {why}")
+    return _("two slips: it is inverted, True where attention is blocked (torch's "
+             "key_padding_mask convention; here True means may attend), and negated back, "
+             "{why}").format(why=why)
 
 
 def slip_readings(got: float, want: float, slips: Sequence[tuple[str, float, str]],
@@ -185,7 +239,7 @@ def slip_readings(got: float, want: float, slips: Sequence[tuple[str, float, str
             if kind_a != kind_b and "solo" not in (kind_a, kind_b) and \
                     not math.isclose(a * b, 1.0) and \
                     math.isclose(got, want * a * b, rel_tol=rtol):
-                found.append(f"{why_a} together with {why_b}")
+                found.append(_("{a} together with {b}").format(a=why_a, b=why_b))
     return list(dict.fromkeys(found))
 
 
@@ -214,7 +268,7 @@ class Verdict(str):
 
     @property
     def ok(self) -> bool:
-        return self.startswith("right")
+        return is_right(self)
 
     def __repr__(self) -> str:  # a bare `tryit.check_x(...)` at the end of a cell shows the text
         return str(self)
@@ -242,8 +296,14 @@ def where_in_students_code(tb: TracebackType | None) -> str | None:
         return None
     code, lineno = found
     line = linecache.getline(code.co_filename, lineno).strip()
-    where = "" if code.co_name == "<module>" else f" in your {code.co_name}"
-    return f"line {lineno}{where}" + (f": `{line}`" if line else "")
+    if code.co_name == "<module>":
+        if line:
+            return _("line {lineno}: `{line}`").format(lineno=lineno, line=line)
+        return _("line {lineno}").format(lineno=lineno)
+    if line:
+        return _("line {lineno} in your {fn}: `{line}`").format(lineno=lineno, fn=code.co_name,
+                                                                 line=line)
+    return _("line {lineno} in your {fn}").format(lineno=lineno, fn=code.co_name)
 
 
 def self_check(fn: Callable[..., str]) -> Callable[..., Verdict]:
@@ -261,8 +321,11 @@ def self_check(fn: Callable[..., str]) -> Callable[..., Verdict]:
             if where is None:
                 raise  # the checker's own bug: show it, do not blame the student
             text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-            return Verdict(f"not yet: your code raised {type(err).__name__}"
-                           f"{': ' + text[:300] if text else ''} ({where})")
+            if text:
+                return Verdict(not_yet_text(_("your code raised {error}: {text} ({where})").format(
+                    error=type(err).__name__, text=text[:300], where=where)))
+            return Verdict(not_yet_text(_("your code raised {error} ({where})").format(
+                error=type(err).__name__, where=where)))
         return Verdict(said)
 
     check.__self_check__ = True
@@ -284,32 +347,33 @@ def judge_parts(**parts: Callable[[], str]) -> str:
             said[name] = str(part())
         except NotYet as verdict:
             said[name] = str(verdict)
-    if all(s.startswith("right") for s in said.values()):
-        return right("; ".join(f"{n}: {s.removeprefix('right:').strip()}" for n, s in said.items()))
-    if all(s.startswith("not tried") for s in said.values()):
-        return not_tried("; ".join(f"{n}: {s.removeprefix('not tried yet:').strip()}"
-                                   for n, s in said.items()))
-    n_right = sum(s.startswith("right") for s in said.values())
+    if all(is_right(s) for s in said.values()):
+        return right(joined(f"{n}: {words_of(s)}" for n, s in said.items()))
+    if all(is_not_tried(s) for s in said.values()):
+        return not_tried(joined(f"{n}: {words_of(s)}" for n, s in said.items()))
+    n_right = sum(is_right(s) for s in said.values())
     lines = "\n".join(f"  - {n}: {s}" for n, s in said.items())
-    not_yet(f"{n_right} of {len(said)} parts right\n{lines}")
+    not_yet(_("{n_right} of {n} parts right\n{lines}").format(n_right=n_right, n=len(said),
+                                                              lines=lines))
 
 
 def guarded(fn: Callable[..., Any], *args: Any, forbid: tuple | None = None, allow: tuple = (),
-            rule: str = "this exercise asks you to write it yourself", **kwargs: Any) -> Any:
+            rule: str | None = None, **kwargs: Any) -> Any:
     """fn(*args, **kwargs) under the grading guard: reaching the package's reference is NotYet.
 
     forbid / allow as in mha_course.integrity.guard (default: the whole package is off limits).
     """
     from mha_course import integrity  # the course's guard; imported late to keep this module light
 
-    name = getattr(fn, "__name__", "your function")
+    name = getattr(fn, "__name__", _("your function"))
+    rule = _("this exercise asks you to write it yourself") if rule is None else rule
     try:
         with integrity.guard(fn, forbid=forbid, allow=allow, grader=()) as watch:
             result = fn(*args, **kwargs)
     except integrity.ReferenceUsed:
         refs = ", ".join(sorted(watch.found))
-        not_yet(f"{rule}: your {name} used the package's own {refs}, so this checks the package, "
-                f"not your work")
+        not_yet(_("{rule}: your {name} used the package's own {refs}, so this checks the "
+                  "package, not your work").format(rule=rule, name=name, refs=refs))
     return result
 
 
@@ -524,8 +588,8 @@ def refuse_if_reached(forbid: tuple, rule: str, allow: tuple = ()) -> None:
     """NotYet when the calling cell names package code in `forbid` (see reached_in_cell)."""
     found = reached_in_cell(forbid, allow)
     if found:
-        not_yet(f"{rule}: the code that made your answer uses the package's own "
-                f"{', '.join(found)}, so the answer is the package's, not yours")
+        not_yet(_("{rule}: the code that made your answer uses the package's own {refs}, so the "
+                  "answer is the package's, not yours").format(rule=rule, refs=", ".join(found)))
 
 
 def require_params(fn: Callable[..., Any], params: Sequence[str], what: str) -> None:
@@ -538,18 +602,19 @@ def require_params(fn: Callable[..., Any], params: Sequence[str], what: str) -> 
         signature.bind(*params)
     except TypeError:
         count = ("no", "one", "two", "three", "four", "five", "six")[len(params)] \
-            if len(params) < 7 else str(len(params))
-        not_yet(f"{what} must take {count} arguments, ({', '.join(params)}), in that "
-                f"order; yours is {getattr(fn, '__name__', 'a function')}{signature}")
+            if len(params) < 7 and language() == "en" else str(len(params))
+        not_yet(_("{what} must take {count} arguments, ({params}), in that order; yours is "
+                  "{fn}{signature}").format(what=what, count=count, params=", ".join(params),
+                                            fn=getattr(fn, "__name__", _("a function")),
+                                            signature=signature))
 
 
 def run_student(fn: Callable[..., Any], *args: Any, said_as: str | None = None,
                 hint: Callable[[str], str] | None = None, forbid: tuple | None = None,
-                allow: tuple = (), rule: str = "this exercise asks you to write it yourself",
-                **kwargs: Any) -> Any:
+                allow: tuple = (), rule: str | None = None, **kwargs: Any) -> Any:
     """fn(*args, **kwargs) under the grading guard; an error raised in the student's code becomes
     NotYet: '<said_as> raised ValueError: ... (line 3 in your fn: `...`)', plus hint(message)."""
-    said_as = said_as or f"your {getattr(fn, '__name__', 'function')}"
+    said_as = said_as or _("your {fn}").format(fn=getattr(fn, "__name__", "function"))
     try:
         return guarded(fn, *args, forbid=forbid, allow=allow, rule=rule, **kwargs)
     except NotYet:
@@ -560,13 +625,18 @@ def run_student(fn: Callable[..., Any], *args: Any, said_as: str | None = None,
         if where is None and isinstance(err, TypeError) and err.__traceback__ is not None \
                 and err.__traceback__.tb_next is not None \
                 and err.__traceback__.tb_next.tb_next is None:  # raised by the call itself
-            not_yet(f"{said_as} cannot be called with these arguments ({text[:200]}): check the "
-                    f"parameters it takes")
+            not_yet(_("{said_as} cannot be called with these arguments ({text}): check the "
+                      "parameters it takes").format(said_as=said_as, text=text[:200]))
         if where is None:
             raise  # the checker's own bug
         extra = hint(text) if hint is not None else ""
-        not_yet(f"{said_as} raised {type(err).__name__}{': ' + text[:200] if text else ''} "
-                f"({where})" + (f". {extra}" if extra else ""))
+        if text:
+            said = _("{said_as} raised {error}: {text} ({where})").format(
+                said_as=said_as, error=type(err).__name__, text=text[:200], where=where)
+        else:
+            said = _("{said_as} raised {error} ({where})").format(
+                said_as=said_as, error=type(err).__name__, where=where)
+        not_yet(_("{said}. {extra}").format(said=said, extra=extra) if extra else said)
 
 
 # --- How a wrong answer relates to the right one -------------------------------------------
@@ -578,11 +648,12 @@ def _factor_table(factors: dict[str, float] | None) -> list[tuple[float, str]]:
     table: list[tuple[float, str]] = []
     items = [(v, k) for k, v in named.items() if v not in (0, 1)]
     for v, k in items:
-        table += [(v, f"a factor {k} too big"), (1 / v, f"a factor {k} too small ({k} missing)")]
+        table += [(v, _("a factor {k} too big").format(k=k)),
+                  (1 / v, _("a factor {k} too small ({k} missing)").format(k=k))]
     for i, (v, k) in enumerate(items):
         for w, j in items[i + 1:]:
-            table += [(v * w, f"factors {k} and {j} both too big"),
-                      (1 / (v * w), f"factors {k} and {j} both missing")]
+            table += [(v * w, _("factors {k} and {j} both too big").format(k=k, j=j)),
+                      (1 / (v * w), _("factors {k} and {j} both missing").format(k=k, j=j))]
     return table
 
 
@@ -590,46 +661,60 @@ def _ratio_words(r: float, most: int = 16) -> str:
     """'exactly 2 times', 'exactly 1/8 of', or '3.14 times' (whole ratios up to `most`)."""
     for k in (round(r), round(1 / r) if r else 0):
         if 2 <= k <= most and math.isclose(r, k, rel_tol=1e-9):
-            return f"exactly {k} times"
+            return _("exactly {k} times").format(k=k)
         if 2 <= k <= most and math.isclose(r, 1 / k, rel_tol=1e-9):
-            return f"exactly 1/{k} of"
-    return f"{r:.3g} times"
+            return _("exactly 1/{k} of").format(k=k)
+    return _("{r:.3g} times").format(r=r)
 
 
-def describe_number(got: float, want: float, name: str = "your answer",
+def _exact(words: str) -> bool:
+    """True for the words of an exact ratio ('exactly 2 times', in either language)."""
+    return words.startswith(_prefixes("exactly {k} times")) or \
+        words.startswith(_prefixes("exactly 1/{k} of"))
+
+
+def describe_number(got: float, want: float, name: str | None = None,
                     factors: dict[str, float] | None = None, rtol: float = 1e-9) -> str:
     """How one number relates to the right one (ratio, offset, sign, square), without showing it."""
     got, want = float(got), float(want)
+    name = _("your answer") if name is None else name
 
     def close(a: float, b: float) -> bool:
         return math.isclose(a, b, rel_tol=rtol, abs_tol=1e-12)
 
     if close(got, want):
-        return f"{name} is right"
+        return _("{name} is right").format(name=name)
     said: list[str] = []
     if want != 0:
         r = got / want
         fits = [words for value, words in _factor_table(factors) if close(r, value)]
-        if fits:
-            said.append(f"{name} is {_ratio_words(r, most=2**40)} the right value: "
-                        + ("; or ".join(dict.fromkeys(fits)) if len(fits) > 1 else fits[0])
-                        + (" (two slips give this value)" if len(set(fits)) > 1 else ""))
+        if fits and len(set(fits)) > 1:
+            said.append(_("{name} is {ratio} the right value: {why} (two slips give this "
+                          "value)").format(name=name, ratio=_ratio_words(r, most=2**40),
+                                           why=_("; or ").join(dict.fromkeys(fits))))
+        elif fits:
+            said.append(_("{name} is {ratio} the right value: {why}").format(
+                name=name, ratio=_ratio_words(r, most=2**40), why=fits[0]))
         elif close(r, -1):
-            said.append(f"{name} has the right size but the wrong sign")
+            said.append(_("{name} has the right size but the wrong sign").format(name=name))
         elif want > 0 and got > 0 and close(got, want * want):
-            said.append(f"{name} is the right value squared")
+            said.append(_("{name} is the right value squared").format(name=name))
         elif want > 0 and got > 0 and close(got * got, want):
-            said.append(f"{name} is the square root of the right value")
+            said.append(_("{name} is the square root of the right value").format(name=name))
     diff = got - want
     if not said and float(diff).is_integer() and abs(diff) <= 2 and float(want).is_integer():
-        said.append(f"{name} is off by {abs(int(diff))}: {int(abs(diff))} "
-                    f"{'more' if diff > 0 else 'less'} than the right value (an off-by-one in a "
-                    f"count or a range?)")
+        if diff > 0:
+            said.append(_("{name} is off by {n}: {n} more than the right value (an off-by-one in "
+                          "a count or a range?)").format(name=name, n=abs(int(diff))))
+        else:
+            said.append(_("{name} is off by {n}: {n} less than the right value (an off-by-one in "
+                          "a count or a range?)").format(name=name, n=abs(int(diff))))
     if not said:
         if want == 0:
-            said.append(f"{name} should be zero")
+            said.append(_("{name} should be zero").format(name=name))
         else:
-            said.append(f"{name} is {_bracket(got / want)} the right value")
+            said.append(_("{name} is {ratio} the right value").format(name=name,
+                                                                      ratio=_bracket(got / want)))
     return said[0]
 
 
@@ -638,36 +723,38 @@ def _ratio_story(r: float, name: str, factors: dict[str, float] | None) -> str:
     fits = [words for value, words in _factor_table(factors)
             if math.isclose(r, value, rel_tol=1e-9)]
     if math.isclose(r, -1.0, rel_tol=1e-9):
-        return f"{name} has the right size but the wrong sign"
+        return _("{name} has the right size but the wrong sign").format(name=name)
     if not fits:
         words = _bracket(r)
-        if words.startswith("between"):  # the same factor everywhere is itself the clue
-            return (f"{name} is the same multiple of the right one, {words} it: a "
-                    f"constant factor that does not belong (a scale, a rescaling, a count "
-                    f"divided by?)")
-        return f"{name} is {words} the right one"
-    named = "; or ".join(dict.fromkeys(fits))
+        if r > 0 and not _exact(words):  # the same factor everywhere is itself the clue
+            return _("{name} is the same multiple of the right one, {ratio} it: a constant "
+                     "factor that does not belong (a scale, a rescaling, a count divided "
+                     "by?)").format(name=name, ratio=words)
+        return _("{name} is {ratio} the right one").format(name=name, ratio=words)
+    named = _("; or ").join(dict.fromkeys(fits))
     if len(set(fits)) > 1:
-        named += " (two slips give this value)"
-    return f"{name} is {_ratio_words(r, most=2**40)} the right one: {named}"
+        return _("{name} is {ratio} the right one: {why} (two slips give this value)").format(
+            name=name, ratio=_ratio_words(r, most=2**40), why=named)
+    return _("{name} is {ratio} the right one: {why}").format(
+        name=name, ratio=_ratio_words(r, most=2**40), why=named)
 
 
 def _bracket(r: float) -> str:
     """A whole ratio exactly ('exactly 3 times'); any other only by the powers of 2 around it
     ('between 1/2 and 1 times'), so dividing it out cannot recover the answer."""
     words = _ratio_words(r)
-    if words.startswith("exactly"):
+    if _exact(words):
         return words
     if r == 0:
-        return "zero, not"
+        return _("zero, not")
     if r < 0:
-        return "of the opposite sign to"
+        return _("of the opposite sign to")
     lo = 2.0 ** math.floor(math.log2(r))
 
     def frac(x: float) -> str:
         return f"{x:g}" if x >= 1 else f"1/{1 / x:g}"
 
-    return f"between {frac(lo)} and {frac(2 * lo)} times"
+    return _("between {lo} and {hi} times").format(lo=frac(lo), hi=frac(2 * lo))
 
 
 def _index(ix: tuple[int, ...]) -> str:
@@ -676,68 +763,89 @@ def _index(ix: tuple[int, ...]) -> str:
 
 def _shape_story(g: np.ndarray, w: np.ndarray, name: str, show_shape: bool, close) -> str:
     """Why the shapes differ: axes in another order, a missing reshape, an extra axis..."""
-    wanted = f" (wanted {w.shape})" if show_shape else ""
+    wanted = _(" (wanted {shape})").format(shape=w.shape) if show_shape else ""
+    shape = g.shape
     if g.size == w.size and g.ndim == w.ndim and sorted(g.shape) == sorted(w.shape):
         for perm in itertools.permutations(range(w.ndim)):
             if w.transpose(perm).shape == g.shape and close(g, w.transpose(perm)):
-                return (f"{name} has the right numbers with its axes in another order: shape "
-                        f"{g.shape}{wanted}; a transpose is missing or one too many")
+                return _("{name} has the right numbers with its axes in another order: shape "
+                         "{shape}{wanted}; a transpose is missing or one too many").format(
+                    name=name, shape=shape, wanted=wanted)
     if g.squeeze().shape == w.squeeze().shape and close(g.reshape(w.shape), w):
-        extra = "an extra" if g.ndim > w.ndim else "a missing"
-        return (f"{name} has the right numbers in the wrong shape {g.shape}{wanted}: {extra} "
-                f"axis of size 1")
+        if g.ndim > w.ndim:
+            return _("{name} has the right numbers in the wrong shape {shape}{wanted}: an extra "
+                     "axis of size 1").format(name=name, shape=shape, wanted=wanted)
+        return _("{name} has the right numbers in the wrong shape {shape}{wanted}: a missing "
+                 "axis of size 1").format(name=name, shape=shape, wanted=wanted)
     if g.size == w.size and close(g.reshape(w.shape), w):
-        return (f"{name} has the right numbers in the wrong shape {g.shape}{wanted}: a reshape "
-                f"is missing")
+        return _("{name} has the right numbers in the wrong shape {shape}{wanted}: a reshape "
+                 "is missing").format(name=name, shape=shape, wanted=wanted)
     if g.size == w.size:
-        return (f"{name} has the right number of entries but shape {g.shape}{wanted}, and its "
-                f"numbers are not the right ones rearranged: a reshape before the transpose it "
-                f"needs mixes entries (e.g. .view on a transposed tensor)")
+        return _("{name} has the right number of entries but shape {shape}{wanted}, and its "
+                 "numbers are not the right ones rearranged: a reshape before the transpose it "
+                 "needs mixes entries (e.g. .view on a transposed tensor)").format(
+            name=name, shape=shape, wanted=wanted)
     if g.squeeze().shape == w.squeeze().shape:
-        extra = "an extra" if g.ndim > w.ndim else "a missing"
-        return f"{name} has {extra} axis of size 1: shape {g.shape}{wanted}"
+        if g.ndim > w.ndim:
+            return _("{name} has an extra axis of size 1: shape {shape}{wanted}").format(
+                name=name, shape=shape, wanted=wanted)
+        return _("{name} has a missing axis of size 1: shape {shape}{wanted}").format(
+            name=name, shape=shape, wanted=wanted)
     if w.size and g.size % w.size == 0:
-        return f"{name} has {g.size // w.size} times as many entries as wanted: shape {g.shape}{wanted}"
+        return _("{name} has {k} times as many entries as wanted: shape {shape}{wanted}").format(
+            name=name, k=g.size // w.size, shape=shape, wanted=wanted)
     if g.size and w.size % g.size == 0:
-        return f"{name} has 1/{w.size // g.size} of the entries wanted: shape {g.shape}{wanted}"
-    return f"{name} has shape {g.shape}{wanted}"
+        return _("{name} has 1/{k} of the entries wanted: shape {shape}{wanted}").format(
+            name=name, k=w.size // g.size, shape=shape, wanted=wanted)
+    return _("{name} has shape {shape}{wanted}").format(name=name, shape=shape, wanted=wanted)
 
 
 def _bool_story(g: np.ndarray, w: np.ndarray, name: str) -> str:
     """How a boolean mask differs: inverted, transposed, shifted, too open or too closed."""
     if np.array_equal(g, w):
-        return f"{name} is right"
+        return _("{name} is right").format(name=name)
     if np.array_equal(g, ~w):
-        return (f"{name} is inverted: True exactly where it should be False. True here means "
-                f"'may attend'; a mask with True = blocked (torch's key_padding_mask convention) "
-                f"is its negation, ~mask")
+        return _("{name} is inverted: True exactly where it should be False. True here means "
+                 "'may attend'; a mask with True = blocked (torch's key_padding_mask convention) "
+                 "is its negation, ~mask").format(name=name)
     if g.ndim >= 2 and g.shape[-1] == g.shape[-2] and np.array_equal(g, np.swapaxes(w, -1, -2)):
-        return f"{name} is transposed: rows are queries and columns keys, not the other way round"
+        return _("{name} is transposed: rows are queries and columns keys, not the other way "
+                 "round").format(name=name)
     differ = g != w
     if g.ndim >= 2 and g.shape[-1] == g.shape[-2]:
         on_diagonal = np.broadcast_to(np.eye(g.shape[-1], dtype=bool), g.shape)
         if not (differ & ~on_diagonal).any():
-            how = "blocks" if (w & ~g).any() else "allows"
-            return (f"{name} {how} the diagonal wrongly: whether a query may see the key at its "
-                    f"own position (< where <= belongs, or the other way round)")
+            if (w & ~g).any():
+                return _("{name} blocks the diagonal wrongly: whether a query may see the key at "
+                         "its own position (< where <= belongs, or the other way "
+                         "round)").format(name=name)
+            return _("{name} allows the diagonal wrongly: whether a query may see the key at "
+                     "its own position (< where <= belongs, or the other way "
+                     "round)").format(name=name)
     for axis in range(g.ndim):
         for shift in (1, -1):
             if g.shape[axis] > 2 and _shifted_close(g, w, axis, shift, np.array_equal):
-                return (f"{name} is shifted by one along axis {axis}: a boundary is off by one "
-                        f"(< instead of <=, or a length minus one?)")
+                return _("{name} is shifted by one along axis {axis}: a boundary is off by one "
+                         "(< instead of <=, or a length minus one?)").format(name=name, axis=axis)
     extra = g & ~w
     missing = w & ~g
     said = []
     if extra.any():
-        said.append(f"allows {int(extra.sum())} entr{'y' if extra.sum() == 1 else 'ies'} that "
-                    f"should be blocked (first at {_index(np.argwhere(extra)[0])})")
+        n, at = int(extra.sum()), _index(np.argwhere(extra)[0])
+        said.append(_("allows {n} entry that should be blocked (first at {at})").format(n=n, at=at)
+                    if n == 1 else
+                    _("allows {n} entries that should be blocked (first at {at})").format(n=n, at=at))
     if missing.any():
-        said.append(f"blocks {int(missing.sum())} entr{'y' if missing.sum() == 1 else 'ies'} that "
-                    f"should be allowed (first at {_index(np.argwhere(missing)[0])})")
-    return f"{name} " + " and ".join(said)
+        n, at = int(missing.sum()), _index(np.argwhere(missing)[0])
+        said.append(_("blocks {n} entry that should be allowed (first at {at})").format(n=n, at=at)
+                    if n == 1 else
+                    _("blocks {n} entries that should be allowed (first at {at})").format(n=n, at=at))
+    if len(said) == 2:
+        return _("{name} {this} and {that}").format(name=name, this=said[0], that=said[1])
+    return f"{name} {said[0]}"
 
 
-def relate(got: Any, want: Any, name: str = "your answer",
+def relate(got: Any, want: Any, name: str | None = None,
            factors: dict[str, float] | None = None, atol: float = 1e-8, rtol: float = 1e-6,
            show_shape: bool = True) -> str:
     """A sentence saying how `got` differs from `want`, without showing `want`.
@@ -747,13 +855,14 @@ def relate(got: Any, want: Any, name: str = "your answer",
     transposed, axes permuted, reversed or shifted along an axis, a constant ratio (named from
     `factors`), a constant offset, and finally the first entry that differs.
     """
-    g = read_array(got, f"{name} must be an array")
+    name = _("your answer") if name is None else name
+    g = read_array(got, _("{name} must be an array").format(name=name))
     w = np.asarray(want)
     if g.dtype == object or (g.dtype.kind not in "biuf" and g.size):
-        return f"{name} holds {g.dtype} entries, not numbers"
+        return _("{name} holds {dtype} entries, not numbers").format(name=name, dtype=g.dtype)
     if w.ndim == 0 and g.ndim == 0:
         if g.dtype == np.bool_ or w.dtype == np.bool_:
-            return f"{name} is {bool(g)}, which is not right"
+            return _("{name} is {value}, which is not right").format(name=name, value=bool(g))
         return describe_number(float(g), float(w), name, factors)
 
     def close(a: np.ndarray, b: np.ndarray) -> bool:
@@ -771,49 +880,60 @@ def relate(got: Any, want: Any, name: str = "your answer",
     if bad.any():
         first = _index(np.argwhere(bad)[0])
         kind = "NaN" if np.isnan(g[tuple(np.argwhere(bad)[0])]) else "inf"
-        return (f"{name} has {int(bad.sum())} non-finite entr{'y' if bad.sum() == 1 else 'ies'} "
-                f"where a number belongs (first at {first}: {kind}; NaN often comes from "
-                f"-inf - (-inf) or 0/0, e.g. a row that is masked everywhere)")
+        if bad.sum() == 1:
+            return _("{name} has {n} non-finite entry where a number belongs (first at {at}: "
+                     "{kind}; NaN often comes from -inf - (-inf) or 0/0, e.g. a row that is "
+                     "masked everywhere)").format(name=name, n=int(bad.sum()), at=first, kind=kind)
+        return _("{name} has {n} non-finite entries where a number belongs (first at {at}: "
+                 "{kind}; NaN often comes from -inf - (-inf) or 0/0, e.g. a row that is masked "
+                 "everywhere)").format(name=name, n=int(bad.sum()), at=first, kind=kind)
     if close(g, w):
-        return f"{name} is right"
+        return _("{name} is right").format(name=name)
     if g.ndim >= 2 and g.shape[-1] == g.shape[-2] and close(g, np.swapaxes(w, -1, -2)):
-        return f"{name} is transposed: its last two axes are swapped"
+        return _("{name} is transposed: its last two axes are swapped").format(name=name)
     if g.ndim <= 5:
         for perm in itertools.permutations(range(g.ndim)):
             if perm != tuple(range(g.ndim)) and close(g, w.transpose(perm)):
-                return (f"{name} has its axes mixed up: the entries are right but axis order "
-                        f"{perm} of the right layout; a transpose is wrong")
+                return _("{name} has its axes mixed up: the entries are right but axis order "
+                         "{perm} of the right layout; a transpose is wrong").format(name=name,
+                                                                                    perm=perm)
     for axis in range(g.ndim):
         if g.shape[axis] > 1 and close(g, np.flip(w, axis)):
-            return f"{name} is reversed along axis {axis}"
+            return _("{name} is reversed along axis {axis}").format(name=name, axis=axis)
     for axis in range(g.ndim):
         for shift in (1, -1):
             if g.shape[axis] > 2 and _shifted_close(g, w, axis, shift, close):
-                return (f"{name} is shifted by one along axis {axis}: entry i holds what belongs "
-                        f"at i {'-' if shift > 0 else '+'} 1 (an off-by-one in an index or a range)")
+                return _("{name} is shifted by one along axis {axis}: entry i holds what belongs "
+                         "at i {sign} 1 (an off-by-one in an index or a range)").format(
+                    name=name, axis=axis, sign="-" if shift > 0 else "+")
     nonzero = np.abs(w) > atol
     if nonzero.any() and np.allclose(g[~nonzero], 0, atol=atol):
         ratios = g[nonzero] / w[nonzero]
         r = float(np.median(ratios))
         if r != 0 and np.allclose(ratios, r, rtol=max(rtol, 1e-9), atol=0):
-            return _ratio_story(r, f"every entry of {name}", factors)
+            return _ratio_story(r, _("every entry of {name}").format(name=name), factors)
     d = g - w
     if np.allclose(d, d.flat[0], rtol=0, atol=max(atol, rtol * float(np.abs(w).max()))):
         c = float(d.flat[0])
-        one = " (off by one?)" if math.isclose(abs(c), 1.0) else ""
-        return f"every entry of {name} is {c:+.3g} away from the right one{one}"
+        if math.isclose(abs(c), 1.0):
+            return _("every entry of {name} is {c:+.3g} away from the right one (off by "
+                     "one?)").format(name=name, c=c)
+        return _("every entry of {name} is {c:+.3g} away from the right one").format(name=name,
+                                                                                      c=c)
     scale = float(np.abs(w).max()) or 1.0
     rel = float(np.abs(g - w).max()) / scale
     if rel < 2e-2:  # every entry close: the rounding of a low-precision dtype, not a slip
-        return (f"{name} is close to right everywhere but not equal: off by up to {rel:.1g} of "
-                f"the largest entry, the size of float16 or bfloat16 rounding (float32's is "
-                f"about 1e-7): was a step computed in low precision?")
+        return _("{name} is close to right everywhere but not equal: off by up to {rel:.1g} of "
+                 "the largest entry, the size of float16 or bfloat16 rounding (float32's is "
+                 "about 1e-7): was a step computed in low precision?").format(name=name, rel=rel)
     wrong = ~np.isclose(g, w, rtol=rtol, atol=atol)
     first = tuple(int(i) for i in np.argwhere(wrong)[0])
     n_ok = int((~wrong).sum())
     story = _slices_story(wrong)
-    return (f"{name}: {n_ok} of {g.size} entries are right{story}; the first that differs is at "
-            f"{_index(first)}, where you have {g[first]:.4g}")
+    return _("{name}: {n_ok} of {size} entries are right{story}; the first that differs is at "
+             "{at}, where you have {value:.4g}").format(name=name, n_ok=n_ok, size=g.size,
+                                                       story=story, at=_index(first),
+                                                       value=g[first])
 
 
 def _shifted_close(g: np.ndarray, w: np.ndarray, axis: int, shift: int, close) -> bool:
@@ -835,24 +955,28 @@ def _slices_story(wrong: np.ndarray) -> str:
         bad_idx = np.flatnonzero(wrong.any(axis=other))
         if 0 < len(bad_idx) < wrong.shape[axis] and wrong.take(bad_idx, axis=axis).all():
             shown = ", ".join(str(int(i)) for i in bad_idx[:6]) + (", ..." if len(bad_idx) > 6 else "")
-            return f" (all the wrong ones sit where axis {axis} is {shown})"
+            return _(" (all the wrong ones sit where axis {axis} is {shown})").format(axis=axis,
+                                                                                       shown=shown)
     return ""
 
 
 # --- Masks in every convention ----------------------------------------------------------------
 
 
-def read_mask(answer: Any, name: str = "the mask",
+def read_mask(answer: Any, name: str | None = None,
               shape: Sequence[int] | None = None) -> tuple[np.ndarray, str]:
     """(allowed, convention) for a mask in any convention: booleans ("bool", True = may
     attend as read), 0/1 numbers ("0/1"), or additive 0 / -inf or a big negative ("additive")."""
-    value = read_array(answer, f"{name} must be an array of booleans")
+    name = _("the mask") if name is None else name
+    value = read_array(answer, _("{name} must be an array of booleans").format(name=name))
     if shape is not None and value.shape != tuple(shape):
-        not_yet(f"{name} must have shape {tuple(shape)}, got shape {value.shape}")
+        not_yet(_("{name} must have shape {want}, got shape {got}").format(
+            name=name, want=tuple(shape), got=value.shape))
     if value.dtype == np.bool_:
         return value, "bool"
     if value.dtype.kind not in "iuf":
-        not_yet(f"{name} must hold booleans (True = may attend), got dtype {value.dtype}")
+        not_yet(_("{name} must hold booleans (True = may attend), got dtype {dtype}").format(
+            name=name, dtype=value.dtype))
     if value.size == 0:
         return value.astype(bool), "bool"
     if np.isin(value, (0, 1)).all():
@@ -860,18 +984,21 @@ def read_mask(answer: Any, name: str = "the mask",
     finite = np.isfinite(value)
     if value.dtype.kind == "f" and np.all((value == 0) | (value <= -1e4) | (~finite & (value < 0))):
         return value == 0, "additive"
-    not_yet(f"{name} must be a mask: booleans (True = may attend), or an additive float mask of "
-            f"0 (attend) and -inf (blocked); got numbers that are neither, e.g. "
-            f"{value[(value != 0) & (value != 1)].flat[0]:.4g}")
+    not_yet(_("{name} must be a mask: booleans (True = may attend), or an additive float mask "
+              "of 0 (attend) and -inf (blocked); got numbers that are neither, e.g. "
+              "{example:.4g}").format(name=name,
+                                      example=value[(value != 0) & (value != 1)].flat[0]))
 
 
-_CONVENTION = {"bool": "booleans", "0/1": "0/1 numbers",
-               "additive": "an additive mask (0 = attend, -inf = blocked)"}
+def _convention(kind: str) -> str:
+    return {"bool": _("booleans"), "0/1": _("0/1 numbers"),
+            "additive": _("an additive mask (0 = attend, -inf = blocked)")}[kind]
 
 
-def mask_verdict(answer: Any, want_allowed: Any, name: str = "the mask",
+def mask_verdict(answer: Any, want_allowed: Any, name: str | None = None,
                  accept: Sequence[str] = ("bool", "0/1", "additive")) -> str | None:
     """None if the answer is the wanted mask in an accepted convention, else what differs."""
+    name = _("the mask") if name is None else name
     want = np.asarray(want_allowed, dtype=bool)
     got, convention = read_mask(answer, name)
     if got.shape != want.shape:
@@ -879,21 +1006,27 @@ def mask_verdict(answer: Any, want_allowed: Any, name: str = "the mask",
     if np.array_equal(got, want):
         if convention in accept:
             return None
-        return (f"{name} marks the right places, as {_CONVENTION[convention]}; this exercise wants "
-                f"booleans with True = may attend" + (" (mask == 0 gives them)"
-                                                      if convention == "additive" else
-                                                      " (mask == 1 gives them)"))
+        if convention == "additive":
+            return _("{name} marks the right places, as {convention}; this exercise wants "
+                     "booleans with True = may attend (mask == 0 gives them)").format(
+                name=name, convention=_convention(convention))
+        return _("{name} marks the right places, as {convention}; this exercise wants booleans "
+                 "with True = may attend (mask == 1 gives them)").format(
+            name=name, convention=_convention(convention))
     if np.array_equal(got, ~want):
         if convention == "additive":
-            return (f"{name} has 0 and -inf swapped: an additive mask adds 0 where attention is "
-                    f"allowed and -inf where it is blocked")
+            return _("{name} has 0 and -inf swapped: an additive mask adds 0 where attention is "
+                     "allowed and -inf where it is blocked").format(name=name)
         if convention == "0/1":
-            return (f"{name} is inverted: 1 where attention is blocked; here 1 (True) means may "
-                    f"attend, so flip it with mask == 0 (not ~mask: on integers ~ is a bitwise "
-                    f"not, giving -1 and -2; and not .astype(bool), which keeps it inverted)")
-        return (f"{name} is inverted: True where attention is blocked, the convention of torch's "
-                f"key_padding_mask and of nn.MultiheadAttention's boolean attn_mask; here (as in "
-                f"SDPA's boolean attn_mask) True means may attend, so negate it with ~mask "
-                f"(not .astype(bool), which keeps it inverted)")
-    read = "" if convention == "bool" else f" (read as {_CONVENTION[convention]})"
-    return _bool_story(got, want, name) + read
+            return _("{name} is inverted: 1 where attention is blocked; here 1 (True) means may "
+                     "attend, so flip it with mask == 0 (not ~mask: on integers ~ is a bitwise "
+                     "not, giving -1 and -2; and not .astype(bool), which keeps it "
+                     "inverted)").format(name=name)
+        return _("{name} is inverted: True where attention is blocked, the convention of torch's "
+                 "key_padding_mask and of nn.MultiheadAttention's boolean attn_mask; here (as in "
+                 "SDPA's boolean attn_mask) True means may attend, so negate it with ~mask "
+                 "(not .astype(bool), which keeps it inverted)").format(name=name)
+    if convention == "bool":
+        return _bool_story(got, want, name)
+    return _("{said} (read as {convention})").format(said=_bool_story(got, want, name),
+                                                     convention=_convention(convention))
