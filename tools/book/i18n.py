@@ -99,7 +99,9 @@ def _keeps(block: str) -> dict[str, Counter]:
     lines = block.splitlines()
     return {
         "code spans": Counter(re.findall(r"`[^`]+`", block)),
-        "maths": Counter(m.strip() for m in re.findall(r"\$\$.*?\$\$|\$[^$\n]+\$", no_code, flags=re.S)),
+        # inline maths may run over a line break; compared with its white space collapsed
+        "maths": Counter(" ".join(m.split()) for m in re.findall(r"\$\$.*?\$\$|\$[^$]+\$", no_code,
+                                                                 flags=re.S)),
         "link targets": Counter(re.findall(r"\]\(([^)\s]+)", no_code)),
         "HTML tags": Counter(re.findall(r"</?[a-zA-Z][^>]*>", re.sub(r"\$[^$]*\$", " ", no_code))),
         "heading level": Counter(re.findall(r"^#+(?= )", block, flags=re.M)),
