@@ -22,6 +22,7 @@ import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from mha_course.i18n import _
 from mha_course.tryit import (
     NotYet,
     describe_number,
@@ -33,10 +34,25 @@ from mha_course.tryit import (
     right,
     run_student,
     self_check,
+    where_in_students_code,
 )
 
-RULE = ("work it out yourself from the block table and the block size; the package's BlockPool "
-        "is what the check compares with")
+
+def _rule() -> str:
+    """What the grading guard says when the package's BlockPool made the answer."""
+    return _("work it out yourself from the block table and the block size; the package's "
+             "BlockPool is what the check compares with")
+
+
+def _student_raised(err: NotYet) -> bool:
+    """True when run_student's NotYet reports an error the student's code raised (not the grading
+    guard, not a call with the wrong parameters): the error it was raised while handling."""
+    from mha_course import integrity  # the course's guard; imported late to keep this module light
+
+    cause = err.__context__
+    return isinstance(cause, Exception) and not isinstance(cause, NotYet | integrity.ReferenceUsed) \
+        and where_in_students_code(cause.__traceback__) is not None
+
 
 # --- my_slot(t, table, block_size) -> (block, offset) ------------------------------------------
 
@@ -51,38 +67,43 @@ def _slot(t: int, table: Sequence[int], block_size: int) -> tuple[int, int]:
     return table[t // block_size], t % block_size
 
 
-SLOT_MISTAKES: list[tuple[Callable[[int, Sequence[int], int], tuple[int, int]], str]] = [
-    (lambda t, tb, bs: (t // bs, t % bs),
-     "that is the logical block, t // block_size (the block's place in the sequence): the block "
-     "table says which physical block of the pool holds it"),
-    (lambda t, tb, bs: (t % bs, tb[t // bs]), "block and offset are swapped: return (block, offset)"),
-    (lambda t, tb, bs: (tb[(t - 1) // bs], (t - 1) % bs),
-     "that counts the tokens from 1: token t is at position t, and position 0 is the first slot of "
-     "the first block"),
-    (lambda t, tb, bs: (tb[t // bs], t % bs + 1),
-     "the offset counts from 1: the slots inside a block are 0 .. block_size - 1"),
-    (lambda t, tb, bs: (tb[t // bs - 1], t % bs),
-     "one block early: token t is in logical block t // block_size (tokens 0 .. block_size - 1 in "
-     "block 0), no - 1"),
-    (lambda t, tb, bs: (tb[t // bs], t - tb[t // bs] * bs),
-     "the offset is worked out from the physical block number: it is the token's place inside its "
-     "block, the same whichever physical block holds it"),
-    (lambda t, tb, bs: (tb[t // bs], t),
-     "the offset is the token's position in the sequence: it is its slot inside the block, "
-     "0 .. block_size - 1"),
-    (lambda t, tb, bs: (tb[t // len(tb)], t % len(tb)),
-     "that divides by the table's length: a block holds block_size tokens, so divide by block_size"),
-    (lambda t, tb, bs: (tb[-(-t // bs)], t % bs),
-     "the block number is rounded up: token t is in logical block t // block_size, rounded down"),
-]
+def _slot_mistakes() -> list[tuple[Callable[[int, Sequence[int], int], tuple[int, int]], str]]:
+    """(a usual slip's rule, what the slip is), in the learner's language."""
+    return [
+        (lambda t, tb, bs: (t // bs, t % bs),
+         _("that is the logical block, t // block_size (the block's place in the sequence): the "
+           "block table says which physical block of the pool holds it")),
+        (lambda t, tb, bs: (t % bs, tb[t // bs]),
+         _("block and offset are swapped: return (block, offset)")),
+        (lambda t, tb, bs: (tb[(t - 1) // bs], (t - 1) % bs),
+         _("that counts the tokens from 1: token t is at position t, and position 0 is the first "
+           "slot of the first block")),
+        (lambda t, tb, bs: (tb[t // bs], t % bs + 1),
+         _("the offset counts from 1: the slots inside a block are 0 .. block_size - 1")),
+        (lambda t, tb, bs: (tb[t // bs - 1], t % bs),
+         _("one block early: token t is in logical block t // block_size (tokens 0 .. "
+           "block_size - 1 in block 0), no - 1")),
+        (lambda t, tb, bs: (tb[t // bs], t - tb[t // bs] * bs),
+         _("the offset is worked out from the physical block number: it is the token's place "
+           "inside its block, the same whichever physical block holds it")),
+        (lambda t, tb, bs: (tb[t // bs], t),
+         _("the offset is the token's position in the sequence: it is its slot inside the block, "
+           "0 .. block_size - 1")),
+        (lambda t, tb, bs: (tb[t // len(tb)], t % len(tb)),
+         _("that divides by the table's length: a block holds block_size tokens, so divide by "
+           "block_size")),
+        (lambda t, tb, bs: (tb[-(-t // bs)], t % bs),
+         _("the block number is rounded up: token t is in logical block t // block_size, rounded "
+           "down")),
+    ]
 
 
 def _index_hint(text: str) -> str:
     """What an IndexError in my_slot most likely means."""
-    if "index" in text and "range" in text:
-        return ("an index past the end of the table: token t sits in logical block "
-                "t // block_size (rounded down), and that is below len(table) for every token the "
-                "sequence holds")
+    if "index" in text and "range" in text:  # Python's own words, English in both editions
+        return _("an index past the end of the table: token t sits in logical block "
+                 "t // block_size (rounded down), and that is below len(table) for every token the "
+                 "sequence holds")
     return ""
 
 
@@ -90,24 +111,30 @@ def _read_slot(out: Any, said_as: str, t: int, table: Sequence[int], block_size:
                ) -> tuple[int, int]:
     """The answer as a pair of whole numbers, or NotYet saying what arrived."""
     if out is None:
-        not_yet(f"{said_as} returns None: return the pair (block, offset)")
+        not_yet(_("{said_as} returns None: return the pair (block, offset)").format(
+            said_as=said_as))
     if isinstance(out, str | bytes):
-        not_yet(f"{said_as} must return the pair (block, offset), got text {out!r:.40}")
-    got = read_array(out, f"{said_as} must return the pair (block, offset)")
+        not_yet(_("{said_as} must return the pair (block, offset), got text {out!r:.40}").format(
+            said_as=said_as, out=out))
+    got = read_array(out, _("{said_as} must return the pair (block, offset)").format(
+        said_as=said_as))
     if got.dtype == object or got.dtype.kind not in "iuf" or got.size and got.dtype.kind == "b":
-        not_yet(f"{said_as} must return two whole numbers (block, offset), got "
-                f"{type(out).__name__} of {got.dtype}")
+        not_yet(_("{said_as} must return two whole numbers (block, offset), got {kind} of "
+                  "{dtype}").format(said_as=said_as, kind=type(out).__name__, dtype=got.dtype))
     if got.shape == ():
         flat = table[t // block_size] * block_size + t % block_size
         if float(got) == flat:
-            not_yet("that is the slot's flat number, block * block_size + offset (where it sits "
-                    "in the pool's (n_blocks, block_size) arrays flattened): return the pair "
-                    "(block, offset)")
-        not_yet(f"{said_as} must return two numbers, (block, offset), got one number")
+            not_yet(_("that is the slot's flat number, block * block_size + offset (where it sits "
+                      "in the pool's (n_blocks, block_size) arrays flattened): return the pair "
+                      "(block, offset)"))
+        not_yet(_("{said_as} must return two numbers, (block, offset), got one number").format(
+            said_as=said_as))
     if got.shape != (2,):
-        not_yet(f"{said_as} must return two numbers, (block, offset), got shape {got.shape}")
+        not_yet(_("{said_as} must return two numbers, (block, offset), got shape {shape}").format(
+            said_as=said_as, shape=got.shape))
     if got.dtype.kind == "f" and not (got == got.round()).all():
-        not_yet(f"{said_as} must return whole numbers (block, offset), got {got.tolist()}")
+        not_yet(_("{said_as} must return whole numbers (block, offset), got {got}").format(
+            said_as=said_as, got=got.tolist()))
     return int(got[0]), int(got[1])
 
 
@@ -130,7 +157,7 @@ def _rule_outputs(rule: Callable, cases: list[tuple[int, tuple[int, ...], int]])
 def _name(fn: Callable) -> str:
     """The student's function's name, or 'function' for a lambda."""
     name = getattr(fn, "__name__", "")
-    return name if name.isidentifier() else "function"
+    return name if name.isidentifier() else _("function")
 
 
 def _raises(rule: Callable, t: int, table: Sequence[int], block_size: int) -> bool:
@@ -143,7 +170,8 @@ def _raises(rule: Callable, t: int, table: Sequence[int], block_size: int) -> bo
 
 
 def _table_words(table: Sequence[int], block_size: int) -> str:
-    return f"table {list(table)}, block size {block_size}"
+    return _("table {table}, block size {block_size}").format(table=list(table),
+                                                             block_size=block_size)
 
 
 def _judge_slot(fn: Callable, table: Sequence[int], block_size: int) -> str:
@@ -151,27 +179,30 @@ def _judge_slot(fn: Callable, table: Sequence[int], block_size: int) -> str:
     name = _name(fn)
     require_params(fn, SLOT_ARGS, name)
     cases = _slot_cases(table, block_size)
+    mistakes = _slot_mistakes()
     got = []
     for i, (t, tb, bs) in enumerate(cases):
-        said_as = f"for t = {t}, {_table_words(tb, bs)}, your {name}"
+        said_as = _("for t = {t}, {table}, your {name}").format(t=t, table=_table_words(tb, bs),
+                                                                 name=name)
         try:
-            out = run_student(fn, t, list(tb), bs, said_as=said_as, hint=_index_hint, rule=RULE)
+            out = run_student(fn, t, list(tb), bs, said_as=said_as, hint=_index_hint,
+                              rule=_rule())
         except NotYet as raised:  # a slip that runs off the table raises where the rule does
-            named = [why for rule, why in SLOT_MISTAKES
+            named = [why for rule, why in mistakes
                      if _rule_outputs(rule, cases[:i]) == got and _raises(rule, *cases[i])]
-            if named and "raised" in str(raised):
+            if named and _student_raised(raised):
                 not_yet(first_match(0, [(0, why) for why in named]))
             raise
         if i == 0 and out is None:
-            return not_tried(f"your {name} returns None (the placeholder, or a missing `return`): "
-                             f"return the pair (block, offset)")
+            return not_tried(_("your {name} returns None (the placeholder, or a missing "
+                               "`return`): return the pair (block, offset)").format(name=name))
         got.append(_read_slot(out, said_as, t, tb, bs))
     want = [_slot(t, tb, bs) for t, tb, bs in cases]
     if got == want:
-        return right(f"block table[t // block_size], offset t % block_size: every token of the "
-                     f"lesson's sequence and of {len(OTHER_TABLES)} others lands where the pool "
-                     f"keeps it")
-    named = [why for rule, why in SLOT_MISTAKES if _rule_outputs(rule, cases) == got]
+        return right(_("block table[t // block_size], offset t % block_size: every token of the "
+                       "lesson's sequence and of {n} others lands where the pool keeps it").format(
+                           n=len(OTHER_TABLES)))
+    named = [why for rule, why in mistakes if _rule_outputs(rule, cases) == got]
     if named:
         not_yet(first_match(0, [(0, why) for why in named]))
     n_lesson = len(table) * block_size
@@ -180,29 +211,32 @@ def _judge_slot(fn: Callable, table: Sequence[int], block_size: int) -> str:
         t, tb, bs = cases[k]
         lesson = _rule_outputs(lambda t_, tb_, bs_: _slot(t_, table, block_size), cases[n_lesson:])
         if lesson is not None and lesson == got[n_lesson:]:
-            not_yet(f"your {name} is right for the lesson's sequence but answers as if every "
-                    f"sequence had its table and block size: it must compute the slot from its "
-                    f"arguments, not from numbers written for one table")
-        not_yet(f"your {name} is right for the lesson's sequence but not for {_table_words(tb, bs)}"
-                f" (first at t = {t}): " + _which_part(got[k], want[k]))
+            not_yet(_("your {name} is right for the lesson's sequence but answers as if every "
+                      "sequence had its table and block size: it must compute the slot from its "
+                      "arguments, not from numbers written for one table").format(name=name))
+        not_yet(_("your {name} is right for the lesson's sequence but not for {table} (first at "
+                  "t = {t}): {part}").format(name=name, table=_table_words(tb, bs), t=t,
+                                             part=_which_part(got[k], want[k])))
     k = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
     t, tb, bs = cases[k]
     blocks_ok = all(g[0] == w[0] for g, w in zip(got, want, strict=True))
     offsets_ok = all(g[1] == w[1] for g, w in zip(got, want, strict=True))
-    overall = (" (your blocks are right for every token)" if blocks_ok else
-               " (your offsets are right for every token)" if offsets_ok else "")
-    not_yet(f"the first token that lands in the wrong place is t = {t} of the lesson's sequence "
-            f"({_table_words(tb, bs)}): {_which_part(got[k], want[k])}{overall}")
+    overall = (_(" (your blocks are right for every token)") if blocks_ok else
+               _(" (your offsets are right for every token)") if offsets_ok else "")
+    not_yet(_("the first token that lands in the wrong place is t = {t} of the lesson's sequence "
+              "({table}): {part}{overall}").format(t=t, table=_table_words(tb, bs),
+                                                   part=_which_part(got[k], want[k]),
+                                                   overall=overall))
 
 
 def _which_part(got: tuple[int, int], want: tuple[int, int]) -> str:
     """Which of block and offset is wrong, without the right values."""
     if got[0] != want[0] and got[1] != want[1]:
-        return "both the block and the offset are wrong"
+        return _("both the block and the offset are wrong")
     if got[0] != want[0]:
-        return ("the offset is right, the block is not: look the logical block t // block_size up "
-                "in the table")
-    return "the block is right, the offset is not: it is the token's slot inside its block"
+        return _("the offset is right, the block is not: look the logical block t // block_size "
+                 "up in the table")
+    return _("the block is right, the offset is not: it is the token's slot inside its block")
 
 
 @self_check
@@ -210,12 +244,12 @@ def check_token_slot(my_slot: Any, table: Sequence[int] = (6, 3, 4), block_size:
     """Your `my_slot(t, table, block_size)` -> (block, offset), for every token of the lesson's
     sequence and of others."""
     if my_slot is None:
-        return not_tried("write my_slot(t, table, block_size) returning the pair (block, offset) "
-                         "and pass the function")
+        return not_tried(_("write my_slot(t, table, block_size) returning the pair (block, offset) "
+                           "and pass the function"))
     if not callable(my_slot):
-        shown = type(my_slot).__name__
-        not_yet(f"pass the function my_slot itself (check_token_slot(my_slot)), not its result: "
-                f"got {shown}; the check calls it for every token t")
+        not_yet(_("pass the function my_slot itself (check_token_slot(my_slot)), not its result: "
+                  "got {kind}; the check calls it for every token t").format(
+                      kind=type(my_slot).__name__))
     return _judge_slot(my_slot, table, block_size)
 
 
@@ -243,44 +277,50 @@ def _free_slots(P: int, bs: int) -> int:
     return (bs - P % bs) % bs
 
 
-BLOCK_MISTAKES: list[tuple[Callable[[int, Sequence[int], int], int], str]] = [
-    (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(P + n, bs) for n in new),
-     "that gives every request its own copy of the prompt: a fork points at the parent's blocks "
-     "(their refcount goes up), it takes no new blocks for the shared prefix"),
-    (lambda P, new, bs: sum(_ceil(P + n, bs) for n in new),
-     "that gives every request its own copy of the prompt and leaves out the parent: the forks "
-     "share the parent's blocks, so the prompt is held once"),
-    (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(max(0, n - _free_slots(P, bs)), bs) for n in new),
-     "that counts the free slots of the shared, partly filled last block as room for every "
-     "request: a request that appends into a shared block copies it first (copy-on-write), and "
-     "the copy is a block of its own"),
-    (lambda P, new, bs: _ceil(P, bs) + sum((1 if P % bs else 0) + _ceil(n, bs) for n in new),
-     "that counts the copy-on-write copy as an empty block on top of the new tokens' blocks: the "
-     "copy holds the prompt's last prefix_len % block_size tokens, and its free slots take the "
-     "request's first new tokens"),
-    (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(n, bs) for n in new),
-     "that puts each request's new tokens in fresh blocks and leaves out the copy of the shared, "
-     "partly filled last block: appending into it copies it (copy-on-write), and the copy carries "
-     "the prompt's last prefix_len % block_size tokens"),
-    (lambda P, new, bs: P // bs + sum((P % bs + n) // bs for n in new),
-     "rounded down: a partly filled block still takes a whole block (a ceiling division)"),
-    (lambda P, new, bs: P // bs + 1 + sum(_ceil(P % bs + n, bs) for n in new),
-     "the prompt's blocks counted as prefix_len // block_size + 1: one too many when the prompt "
-     "fills its last block exactly (an off-by-one in the fill count; a ceiling division is exact)"),
-    (lambda P, new, bs: _ceil(P, bs) + sum((P % bs + n) // bs + 1 for n in new),
-     "each request's blocks counted as a floor division + 1: one too many when its tokens fill "
-     "their last block exactly (an off-by-one in the fill count; a ceiling division is exact)"),
-    (lambda P, new, bs: sum(_ceil(P % bs + n, bs) for n in new),
-     "that leaves out the prompt's own blocks: the parent holds them (once, shared by every fork)"),
-    (lambda P, new, bs: len(new) * _ceil(P, bs) + sum(_ceil(P % bs + n, bs) for n in new),
-     "that counts the shared prompt's blocks once per request: the forks point at the same blocks, "
-     "so they are in use once"),
-    (lambda P, new, bs: _ceil(P, bs) - (1 if P % bs and new else 0)
-     + sum(_ceil(P % bs + n, bs) for n in new),
-     "that drops the parent's partly filled last block once the requests have copied it: the "
-     "parent still holds it (refcount 1), so it is not free"),
-    (lambda P, new, bs: P + sum(new), "that counts tokens, not blocks"),
-]
+def _block_mistakes() -> list[tuple[Callable[[int, Sequence[int], int], int], str]]:
+    """(a usual slip's count, what the slip is), in the learner's language."""
+    return [
+        (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(P + n, bs) for n in new),
+         _("that gives every request its own copy of the prompt: a fork points at the parent's "
+           "blocks (their refcount goes up), it takes no new blocks for the shared prefix")),
+        (lambda P, new, bs: sum(_ceil(P + n, bs) for n in new),
+         _("that gives every request its own copy of the prompt and leaves out the parent: the "
+           "forks share the parent's blocks, so the prompt is held once")),
+        (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(max(0, n - _free_slots(P, bs)), bs)
+                                               for n in new),
+         _("that counts the free slots of the shared, partly filled last block as room for every "
+           "request: a request that appends into a shared block copies it first (copy-on-write), "
+           "and the copy is a block of its own")),
+        (lambda P, new, bs: _ceil(P, bs) + sum((1 if P % bs else 0) + _ceil(n, bs) for n in new),
+         _("that counts the copy-on-write copy as an empty block on top of the new tokens' "
+           "blocks: the copy holds the prompt's last prefix_len % block_size tokens, and its free "
+           "slots take the request's first new tokens")),
+        (lambda P, new, bs: _ceil(P, bs) + sum(_ceil(n, bs) for n in new),
+         _("that puts each request's new tokens in fresh blocks and leaves out the copy of the "
+           "shared, partly filled last block: appending into it copies it (copy-on-write), and "
+           "the copy carries the prompt's last prefix_len % block_size tokens")),
+        (lambda P, new, bs: P // bs + sum((P % bs + n) // bs for n in new),
+         _("rounded down: a partly filled block still takes a whole block (a ceiling division)")),
+        (lambda P, new, bs: P // bs + 1 + sum(_ceil(P % bs + n, bs) for n in new),
+         _("the prompt's blocks counted as prefix_len // block_size + 1: one too many when the "
+           "prompt fills its last block exactly (an off-by-one in the fill count; a ceiling "
+           "division is exact)")),
+        (lambda P, new, bs: _ceil(P, bs) + sum((P % bs + n) // bs + 1 for n in new),
+         _("each request's blocks counted as a floor division + 1: one too many when its tokens "
+           "fill their last block exactly (an off-by-one in the fill count; a ceiling division is "
+           "exact)")),
+        (lambda P, new, bs: sum(_ceil(P % bs + n, bs) for n in new),
+         _("that leaves out the prompt's own blocks: the parent holds them (once, shared by every "
+           "fork)")),
+        (lambda P, new, bs: len(new) * _ceil(P, bs) + sum(_ceil(P % bs + n, bs) for n in new),
+         _("that counts the shared prompt's blocks once per request: the forks point at the same "
+           "blocks, so they are in use once")),
+        (lambda P, new, bs: _ceil(P, bs) - (1 if P % bs and new else 0)
+         + sum(_ceil(P % bs + n, bs) for n in new),
+         _("that drops the parent's partly filled last block once the requests have copied it: "
+           "the parent still holds it (refcount 1), so it is not free")),
+        (lambda P, new, bs: P + sum(new), _("that counts tokens, not blocks")),
+    ]
 
 
 def _workload_words(P: int, new: Sequence[int], bs: int) -> str:
@@ -290,16 +330,19 @@ def _workload_words(P: int, new: Sequence[int], bs: int) -> str:
 def _read_count(out: Any, said_as: str) -> int:
     """The answer as a whole number, or NotYet saying what arrived."""
     if isinstance(out, str | bytes):
-        not_yet(f"{said_as} must return a number of blocks, got text {out!r:.40}")
-    got = read_array(out, f"{said_as} must return a number of blocks")
+        not_yet(_("{said_as} must return a number of blocks, got text {out!r:.40}").format(
+            said_as=said_as, out=out))
+    got = read_array(out, _("{said_as} must return a number of blocks").format(said_as=said_as))
     if got.dtype == object or got.dtype.kind not in "iuf":
-        not_yet(f"{said_as} must return a number of blocks, got {type(out).__name__} of {got.dtype}")
+        not_yet(_("{said_as} must return a number of blocks, got {kind} of {dtype}").format(
+            said_as=said_as, kind=type(out).__name__, dtype=got.dtype))
     if got.shape not in ((), (1,)):
-        not_yet(f"{said_as} must return one number (the blocks in use), got shape {got.shape}: "
-                f"add the blocks up")
+        not_yet(_("{said_as} must return one number (the blocks in use), got shape {shape}: add "
+                  "the blocks up").format(said_as=said_as, shape=got.shape))
     value = float(got.reshape(()))
     if not math.isfinite(value) or value != round(value):
-        not_yet(f"{said_as} must return a whole number of blocks, got {value:g}")
+        not_yet(_("{said_as} must return a whole number of blocks, got {value:g}").format(
+            said_as=said_as, value=value))
     return int(value)
 
 
@@ -310,37 +353,45 @@ def _judge_blocks(fn: Callable, P: int, new: Sequence[int], bs: int) -> str:
     cases = [(P, tuple(new), bs), *OTHER_WORKLOADS]
     got = []
     for i, (p, nw, b) in enumerate(cases):
-        said_as = f"for {_workload_words(p, nw, b)}, your {name}"
-        out = run_student(fn, p, list(nw), b, said_as=said_as, rule=RULE)
+        said_as = _("for {workload}, your {name}").format(workload=_workload_words(p, nw, b),
+                                                          name=name)
+        out = run_student(fn, p, list(nw), b, said_as=said_as, rule=_rule())
         if out is None:
             if i == 0:
-                return not_tried(f"your {name} returns None (the placeholder, or a missing "
-                                 f"`return`): return the number of blocks in use")
-            not_yet(f"{said_as} returns None: it must return a number for any workload")
+                return not_tried(_("your {name} returns None (the placeholder, or a missing "
+                                   "`return`): return the number of blocks in use").format(
+                                       name=name))
+            not_yet(_("{said_as} returns None: it must return a number for any workload").format(
+                said_as=said_as))
         got.append(_read_count(out, said_as))
     want = [_blocks(*c) for c in cases]
     if got == want:
-        return right(f"the prompt's blocks once, then per request the blocks its tokens fill after "
-                     f"the prompt's partly filled tail (the copy-on-write copy among them): right "
-                     f"for the lesson's workload and {len(OTHER_WORKLOADS)} others")
-    named = [why for rule, why in BLOCK_MISTAKES if [rule(*c) for c in cases] == got]
+        return right(_("the prompt's blocks once, then per request the blocks its tokens fill "
+                       "after the prompt's partly filled tail (the copy-on-write copy among "
+                       "them): right for the lesson's workload and {n} others").format(
+                           n=len(OTHER_WORKLOADS)))
+    mistakes = _block_mistakes()
+    named = [why for rule, why in mistakes if [rule(*c) for c in cases] == got]
     if named:
         not_yet(first_match(0, [(0, why) for why in named]))
     if got[0] == want[0]:
         k = next(i for i, (g, w) in enumerate(zip(got, want, strict=True)) if g != w)
         if len(set(got)) == 1:
-            not_yet(f"your {name} gives the same number for every workload: it must count the "
-                    f"blocks from its arguments, not return a number worked out for one")
-        said = describe_number(got[k], want[k], "yours")
-        not_yet(f"right for the lesson's workload, but not for {_workload_words(*cases[k])}: "
-                f"{said}. Check the case where the prompt fills its last block exactly, and "
-                f"requests whose tokens stay inside the copied block")
-    fits = [why for rule, why in BLOCK_MISTAKES if rule(*cases[0]) == got[0]]
-    hint = (" (at the lesson's workload alone it fits: " + "; or ".join(fits) + ")") if fits else ""
-    said = describe_number(got[0], want[0], "your count")
-    not_yet(f"for the lesson's workload ({_workload_words(*cases[0])}) {said}{hint}. Count the "
-            f"parent's blocks, then for each request the copy of the shared, partly filled last "
-            f"block and the blocks after it")
+            not_yet(_("your {name} gives the same number for every workload: it must count the "
+                      "blocks from its arguments, not return a number worked out for "
+                      "one").format(name=name))
+        said = describe_number(got[k], want[k], _("yours"))
+        not_yet(_("right for the lesson's workload, but not for {workload}: {said}. Check the "
+                  "case where the prompt fills its last block exactly, and requests whose tokens "
+                  "stay inside the copied block").format(workload=_workload_words(*cases[k]),
+                                                         said=said))
+    fits = [why for rule, why in mistakes if rule(*cases[0]) == got[0]]
+    hint = _(" (at the lesson's workload alone it fits: {fits})").format(
+        fits=_("; or ").join(fits)) if fits else ""
+    said = describe_number(got[0], want[0], _("your count"))
+    not_yet(_("for the lesson's workload ({workload}) {said}{hint}. Count the parent's blocks, "
+              "then for each request the copy of the shared, partly filled last block and the "
+              "blocks after it").format(workload=_workload_words(*cases[0]), said=said, hint=hint))
 
 
 @self_check
@@ -349,9 +400,10 @@ def check_blocks_needed(my_blocks: Any, prefix_len: int = 10, new_tokens: Sequen
     """Your `my_blocks(prefix_len, new_tokens, block_size)` -> blocks in use, for the lesson's
     workload and others."""
     if my_blocks is None:
-        return not_tried("write my_blocks(prefix_len, new_tokens, block_size) returning the number "
-                         "of blocks in use and pass the function")
+        return not_tried(_("write my_blocks(prefix_len, new_tokens, block_size) returning the "
+                           "number of blocks in use and pass the function"))
     if not callable(my_blocks):
-        not_yet(f"pass the function my_blocks itself (check_blocks_needed(my_blocks)), not a "
-                f"number: got {type(my_blocks).__name__}; the check runs it on other workloads too")
+        not_yet(_("pass the function my_blocks itself (check_blocks_needed(my_blocks)), not a "
+                  "number: got {kind}; the check runs it on other workloads too").format(
+                      kind=type(my_blocks).__name__))
     return _judge_blocks(my_blocks, prefix_len, tuple(new_tokens), block_size)
