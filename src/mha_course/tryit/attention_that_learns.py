@@ -20,6 +20,7 @@ from typing import Any
 
 import numpy as np
 
+from mha_course.i18n import _
 from mha_course.tryit import (
     answer_sources,
     first_match,
@@ -75,17 +76,17 @@ def measured_keys(read: Any) -> MeasuredKeys:
 def _measurement_form(answer: Any, read: Any) -> str | None:
     """How the answer was made from the measured keys (by mark or by shared memory), or None."""
     if answer is read or isinstance(answer, MeasuredKeys):
-        return "is `read` itself (or a copy of it)"
+        return _("is `read` itself (or a copy of it)")
     if isinstance(answer, _MeasuredList):
-        return "is `read.tolist()`"
+        return _("is `read.tolist()`")
     if isinstance(answer, _MeasuredKey):
-        return "is one of `read`'s keys"
+        return _("is one of `read`'s keys")
     if isinstance(answer, list | tuple) and any(isinstance(v, _MeasuredKey | MeasuredKeys)
                                                 for v in answer):
-        return "holds the items of `read` (list(read) or a loop over it)"
+        return _("holds the items of `read` (list(read) or a loop over it)")
     arr = answer.detach().cpu().numpy() if hasattr(answer, "detach") else answer
     if isinstance(arr, np.ndarray) and isinstance(read, np.ndarray) and np.shares_memory(arr, read):
-        return "shares its memory with `read` (a tensor or array made from it)"
+        return _("shares its memory with `read` (a tensor or array made from it)")
     return None
 
 
@@ -138,19 +139,21 @@ def _is_soft_map(value: Any) -> bool:
 def _keys(answer: Any, name: str, T: int) -> np.ndarray:
     """The answer as T integer key positions, from a list, array, tensor, {query: key} mapping,
     (query, key) pairs or a one-hot (T, T) map; or NotYet saying which form is wanted."""
-    form = f"{name} must be a list of {T} key positions (whole numbers), one per query"
+    form = _("{name} must be a list of {T} key positions (whole numbers), one per query").format(
+        name=name, T=T)
     if isinstance(answer, bytes):
         answer = answer.decode(errors="replace")
     if isinstance(answer, str):
         if not re.fullmatch(r"[\s\[\](),;-]*(\d[\s\[\](),;-]*)+", answer):
-            not_yet(f"{form}, got text {answer!r:.40}")
+            not_yet(_("{expected}, got text {answer!r:.40}").format(expected=form, answer=answer))
         answer = [int(k) for k in re.findall(r"-?\d+", answer)]  # "3, 4, ...": the numbers in it
     if isinstance(answer, Mapping):
         if all(isinstance(q, str) and q.strip().isdigit() for q in answer):
             answer = {int(q): k for q, k in answer.items()}  # {"0": 3, ...}: queries as text
         if sorted(answer, key=str) != sorted(range(T), key=str):
-            not_yet(f"{form} (or a mapping query -> key with the queries 0..{T - 1} as keys), got "
-                    f"a mapping with keys {sorted(answer, key=str)!r:.60}")
+            not_yet(_("{form} (or a mapping query -> key with the queries 0..{last} as keys), "
+                      "got a mapping with keys {keys!r:.60}").format(
+                form=form, last=T - 1, keys=sorted(answer, key=str)))
         answer = [answer[t] for t in range(T)]
     got = read_array(answer, form)
     if got.dtype.kind in "US" and all(re.fullmatch(r"\s*-?\d+\s*", str(v)) for v in got.flat):
@@ -162,11 +165,14 @@ def _keys(answer: Any, name: str, T: int) -> np.ndarray:
     elif got.ndim == 2 and 1 in got.shape and got.size == T:
         got = got.reshape(T)
     if got.dtype == np.bool_ or not np.issubdtype(got.dtype, np.number):
-        not_yet(f"{form}, got {'booleans' if got.dtype == np.bool_ else f'dtype {got.dtype}'}")
+        if got.dtype == np.bool_:
+            not_yet(_("{form}, got booleans").format(form=form))
+        not_yet(_("{form}, got dtype {dtype}").format(form=form, dtype=got.dtype))
     if got.shape != (T,):
-        not_yet(f"{form}, got shape {got.shape}")
+        not_yet(_("{form}, got shape {shape}").format(form=form, shape=got.shape))
     if not np.all(np.isfinite(got)) or not np.array_equal(got, np.round(got)):
-        not_yet(f"{name} must hold whole key positions, got {got.tolist()}")
+        not_yet(_("{name} must hold whole key positions, got {keys}").format(name=name,
+                                                                             keys=got.tolist()))
     return got.astype(np.int64)
 
 
@@ -180,43 +186,50 @@ def _from_map(m: np.ndarray, name: str, T: int) -> np.ndarray:
         top = m.max(axis=1, keepdims=True)
         if ((m == top).sum(axis=1) == 1).all():
             return np.argmax(m, axis=1)
-    not_yet(f"{name} as a ({T}, {T}) map must have a single 1 (True) in each row, or weights "
-            f"summing to 1 with one largest entry, at the key that query reads; or give the {T} "
-            f"keys as a list")
+    not_yet(_("{name} as a ({T}, {T}) map must have a single 1 (True) in each row, or weights "
+              "summing to 1 with one largest entry, at the key that query reads; or give the {T} "
+              "keys as a list").format(name=name, T=T))
 
 
 def _mistakes(T: int, shift: int) -> list[tuple[np.ndarray, str]]:
     """Typical wrong predictions for y[t] = x[(t + shift) % T], each with what it gets wrong."""
     t = np.arange(T)
     return [
-        ((t - shift) % T, f"shifted the other way: that list sends query t to key t - {shift}, "
-                          f"the map for y[t] = x[t - {shift}] (or, read backwards, which query "
-                          f"reads each key); the target here is the token {shift} places on"),
-        (t + shift, f"keys {T}, {T + 1}, ... do not exist: positions run 0..{T - 1}, and the "
-                    f"rotation wraps around at the end"),
-        (t - shift, f"negative keys do not exist: positions run 0..{T - 1}, and the rotation "
-                    f"wraps around at the start"),
-        (t, "that is the diagonal, each query reading its own position: it would copy x, but "
-            f"the target is the token {shift} places on"),
-        (T - 1 - t, "that is the reversal map from the first task (the anti-diagonal); this "
-                    "task rotates instead of mirroring"),
-        ((t + shift - 1) % T, f"off by one: that shifts by {shift - 1}, one place short"),
-        ((t + shift + 1) % T, f"off by one: that shifts by {shift + 1}, one place too far"),
-        ((t + shift) % T + 1, f"counted from 1: key positions start at 0 (query 0 ... query "
-                              f"{T - 1}, key 0 ... key {T - 1})"),
-        ((t + 1 + shift) % T, "numbered the queries from 1: the first query is query 0, so "
-                              "query t is row t of the map"),
-        (np.minimum(t + shift, T - 1), "stops at the last key instead of wrapping around: "
-                                       "past the last position the rotation starts again at key 0"),
-        (np.maximum(t - shift, 0), f"reads {shift} places back and stops at key 0: the target "
-                                   f"is the token {shift} places on, wrapping around"),
-        ((t * shift) % T, f"multiplies t by {shift}: the rotation adds {shift} to the position"),
-        ((t + shift) % (T - 1), f"wraps around at {T - 1}: there are {T} positions (0..{T - 1}), "
-                                f"so the rotation wraps at {T}"),
-        (T - 1 - (t + shift) % T, f"mirrored: each key is counted from the other end (key {T - 1} "
-                                  f"where key 0 belongs), as if the map's columns were flipped"),
-        ((shift - t) % T, f"goes down as t grows (key {shift} - t, wrapping): the rotation moves "
-                          f"forward, so the key grows with the query"),
+        ((t - shift) % T, _("shifted the other way: that list sends query t to key t - {shift}, "
+                            "the map for y[t] = x[t - {shift}] (or, read backwards, which query "
+                            "reads each key); the target here is the token {shift} places "
+                            "on").format(shift=shift)),
+        (t + shift, _("keys {T}, {T1}, ... do not exist: positions run 0..{last}, and the "
+                      "rotation wraps around at the end").format(T=T, T1=T + 1, last=T - 1)),
+        (t - shift, _("negative keys do not exist: positions run 0..{last}, and the rotation "
+                      "wraps around at the start").format(last=T - 1)),
+        (t, _("that is the diagonal, each query reading its own position: it would copy x, but "
+              "the target is the token {shift} places on").format(shift=shift)),
+        (T - 1 - t, _("that is the reversal map from the first task (the anti-diagonal); this "
+                      "task rotates instead of mirroring")),
+        ((t + shift - 1) % T, _("off by one: that shifts by {s}, one place short").format(
+            s=shift - 1)),
+        ((t + shift + 1) % T, _("off by one: that shifts by {s}, one place too far").format(
+            s=shift + 1)),
+        ((t + shift) % T + 1, _("counted from 1: key positions start at 0 (query 0 ... query "
+                                "{last}, key 0 ... key {last})").format(last=T - 1)),
+        ((t + 1 + shift) % T, _("numbered the queries from 1: the first query is query 0, so "
+                                "query t is row t of the map")),
+        (np.minimum(t + shift, T - 1), _("stops at the last key instead of wrapping around: "
+                                         "past the last position the rotation starts again at "
+                                         "key 0")),
+        (np.maximum(t - shift, 0), _("reads {shift} places back and stops at key 0: the target "
+                                     "is the token {shift} places on, wrapping around").format(
+            shift=shift)),
+        ((t * shift) % T, _("multiplies t by {shift}: the rotation adds {shift} to the "
+                            "position").format(shift=shift)),
+        ((t + shift) % (T - 1), _("wraps around at {last}: there are {T} positions (0..{last}), "
+                                  "so the rotation wraps at {T}").format(last=T - 1, T=T)),
+        (T - 1 - (t + shift) % T, _("mirrored: each key is counted from the other end (key "
+                                    "{last} where key 0 belongs), as if the map's columns were "
+                                    "flipped").format(last=T - 1)),
+        ((shift - t) % T, _("goes down as t grows (key {shift} - t, wrapping): the rotation "
+                            "moves forward, so the key grows with the query").format(shift=shift)),
     ]
 
 
@@ -227,22 +240,24 @@ def _diagnosis(got: np.ndarray, want: np.ndarray, T: int, shift: int) -> str:
         return named
     if got.min() < 0 or got.max() >= T:
         bad = int(got[(got < 0) | (got >= T)][0])
-        return f"key {bad} does not exist: positions run 0..{T - 1}"
+        return _("key {bad} does not exist: positions run 0..{last}").format(bad=bad, last=T - 1)
     if len(set(got.tolist())) == 1:
-        return (f"every query reads the same key {int(got[0])}: each query t needs its own "
-                f"token, so the keys must differ")
+        return _("every query reads the same key {key}: each query t needs its own token, so the "
+                 "keys must differ").format(key=int(got[0]))
     t = np.arange(T)
     for s in range(T):
         if np.array_equal(got, (t + s) % T):
-            return (f"that rotates by {s} place{'s' if s != 1 else ''} (query t reads key "
-                    f"(t + {s}) mod {T}); the "
-                    f"target is the token {shift} places on")
+            return (_("that rotates by {s} place (query t reads key (t + {s}) mod {T}); the "
+                      "target is the token {shift} places on") if s == 1 else
+                    _("that rotates by {s} places (query t reads key (t + {s}) mod {T}); the "
+                      "target is the token {shift} places on")).format(s=s, T=T, shift=shift)
     values, counts = np.unique(got, return_counts=True)
     if (counts > 1).any():
         twice = int(values[counts > 1][0])
         readers = np.flatnonzero(got == twice).tolist()
-        return (f"queries {readers} all read key {twice}: in a rotation each key holds the target "
-                f"of exactly one query, so no key appears twice; {relate(got, want, 'answer')}")
+        return _("queries {readers} all read key {twice}: in a rotation each key holds the "
+                 "target of exactly one query, so no key appears twice; {said}").format(
+            readers=readers, twice=twice, said=relate(got, want, "answer"))
     return relate(got, want, "answer")
 
 
@@ -254,25 +269,27 @@ def check_rotation_keys(answer: Any, read: Any = None, T: int = 8, shift: int = 
     `measured_keys`), or None.
     """
     if answer is None:
-        return not_tried(f"write the {T} key positions as the list `answer`: for each query "
-                         f"t = 0, ..., {T - 1}, the key the trained head reads")
+        return not_tried(_("write the {T} key positions as the list `answer`: for each query "
+                           "t = 0, ..., {last}, the key the trained head reads").format(
+            T=T, last=T - 1))
     copied = _measurement_form(answer, read)
     if copied is None and _assigned_from_measurement(read):
-        copied = "is computed from `read` (or from the trained model) in the cell that sets it"
+        copied = _("is computed from `read` (or from the trained model) in the cell that sets it")
     if copied:
-        not_yet(f"`answer` {copied}: that is the trained head's measurement, not your prediction. "
-                f"The exercise asks you to predict the map from the task's rule before looking, "
-                f"then compare; write the keys yourself")
+        not_yet(_("`answer` {copied}: that is the trained head's measurement, not your "
+                  "prediction. The exercise asks you to predict the map from the task's rule "
+                  "before looking, then compare; write the keys yourself").format(copied=copied))
     got = _keys(answer, "answer", T)
     want = (np.arange(T) + shift) % T
-    measured = None if read is None else _keys(read, "read (the trained head's keys)", T)
+    measured = None if read is None else _keys(read, _("read (the trained head's keys)"), T)
     if not np.array_equal(got, want):
         not_yet(_diagnosis(got, want, T, shift))
-    said = (f"query t reads key (t + {shift}) % {T}: a diagonal shifted {shift} to the "
-            f"right that wraps around from query {T - shift} on")
+    said = _("query t reads key (t + {shift}) % {T}: a diagonal shifted {shift} to the right "
+             "that wraps around from query {first} on").format(shift=shift, T=T, first=T - shift)
     if measured is not None and not np.array_equal(measured, want):
-        said += (f"; but this run's head reads {measured.tolist()}: it has not learned the "
-                 f"rotation everywhere (train longer, or check its accuracy)")
+        said = _("{said}; but this run's head reads {keys}: it has not learned the rotation "
+                 "everywhere (train longer, or check its accuracy)").format(
+            said=said, keys=measured.tolist())
     elif measured is not None:
-        said += ", and the trained head reads exactly these keys"
+        said = _("{said}, and the trained head reads exactly these keys").format(said=said)
     return right(said)
