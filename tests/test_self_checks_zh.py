@@ -27,7 +27,7 @@ CJK = re.compile(r"[\u3400-\u9fff]")
 
 # Try-it modules whose messages may still be English only (this set only shrinks, to nothing).
 STILL_ENGLISH = {
-    "sdpa_backends", "flash_attention", "kv_cache", "padding_masks", "backward_pass",
+    "flash_attention", "kv_cache", "padding_masks", "backward_pass",
     "positions_and_variants", "generation", "serving", "attention_across_devices",
 }
 

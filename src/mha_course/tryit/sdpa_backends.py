@@ -14,6 +14,7 @@ import math
 import re
 from typing import Any
 
+from mha_course.i18n import _, use_language
 from mha_course.tryit import (
     as_number,
     describe_number,
@@ -41,39 +42,40 @@ def _size_mistakes(B: int, h: int, T: int, S: int, itemsize: int) -> list[tuple[
     nbytes = numbers * itemsize
     k8 = B * h * 8000 * 8000 * itemsize  # "8K tokens" read as 8000
     return [
-        (numbers * 4 / 2**30, "that is 4 bytes per number (float32); bfloat16 takes 2"),
-        (numbers * 8 / 2**30, "that is 8 bytes per number (float64); bfloat16 takes 2"),
-        (B * h * T * itemsize / 2**30, "T is not squared: that is B * h * T numbers, one per "
-                                       "query; the scores pair every query with every key"),
-        (B * T * S * itemsize / 2**30, "that leaves out the heads: every head has its own T x T "
-                                       "scores"),
-        (2 * nbytes / 2**30, "that counts two matrices (the scores and the softmax weights the "
-                             "math path writes beside them): the question asks for one"),
-        (nbytes / 1e9, "that is GB (10**9 bytes); a GiB is 2**30 bytes"),
-        (nbytes, "that is bytes: the answer is wanted in GiB (divide by 2**30)"),
-        (nbytes / 2**10, "that is KiB (2**10 bytes): the answer is wanted in GiB"),
-        (nbytes / 2**20, "that is MiB (2**20 bytes): the answer is wanted in GiB"),
-        (nbytes / h / 2**30, f"that is one head: the matrix holds a (T, T) block for each of the "
-                             f"{h} heads"),
-        (nbytes * 8 / 2**30, "that counts bits: a byte is 8 bits, and a bfloat16 number takes 2 "
-                             "bytes"),
-        (numbers / 2**30, "that counts numbers, not bytes: each bfloat16 number takes 2 bytes"),
-        (nbytes / 2 / 2**30, "that counts only the causal half (the lower triangle, with or "
-                             "without its diagonal): the math path writes the whole T x T matrix, "
-                             "masked entries included"),
-        (numbers / 2 / 2**30, "that counts numbers, not bytes, over only the causal half: each "
-                              "bfloat16 number takes 2 bytes, and the math path writes the whole "
-                              "T x T matrix"),
-        (nbytes / 2**40, "that is TiB (2**40 bytes): the answer is wanted in GiB"),
-        (numbers * (itemsize + 1) / 2**30, "that adds a one-byte mask per entry (what the math "
-                                           "path's safe softmax builds beside the scores): the "
-                                           "question asks for the score matrix alone"),
-        (numbers * (itemsize + 4) / 2**30, "that adds a float32 copy of every entry (softmax "
-                                           "weights kept in float32): the question asks for one "
-                                           "bfloat16 score matrix"),
-        (k8 / 2**30, "that takes T = 8000: 8192 tokens is 8 * 1024, not 8 * 1000"),
-        (k8 / 1e9, "that takes T = 8000 and GB (10**9 bytes): T is 8192 = 8 * 1024 and a GiB "
-                   "is 2**30 bytes"),
+        (numbers * 4 / 2**30, _("that is 4 bytes per number (float32); bfloat16 takes 2")),
+        (numbers * 8 / 2**30, _("that is 8 bytes per number (float64); bfloat16 takes 2")),
+        (B * h * T * itemsize / 2**30, _("T is not squared: that is B * h * T numbers, one per "
+                                         "query; the scores pair every query with every key")),
+        (B * T * S * itemsize / 2**30, _("that leaves out the heads: every head has its own T x "
+                                         "T scores")),
+        (2 * nbytes / 2**30, _("that counts two matrices (the scores and the softmax weights the "
+                               "math path writes beside them): the question asks for one")),
+        (nbytes / 1e9, _("that is GB (10**9 bytes); a GiB is 2**30 bytes")),
+        (nbytes, _("that is bytes: the answer is wanted in GiB (divide by 2**30)")),
+        (nbytes / 2**10, _("that is KiB (2**10 bytes): the answer is wanted in GiB")),
+        (nbytes / 2**20, _("that is MiB (2**20 bytes): the answer is wanted in GiB")),
+        (nbytes / h / 2**30, _("that is one head: the matrix holds a (T, T) block for each of "
+                               "the {h} heads").format(h=h)),
+        (nbytes * 8 / 2**30, _("that counts bits: a byte is 8 bits, and a bfloat16 number takes "
+                               "2 bytes")),
+        (numbers / 2**30, _("that counts numbers, not bytes: each bfloat16 number takes 2 "
+                            "bytes")),
+        (nbytes / 2 / 2**30, _("that counts only the causal half (the lower triangle, with or "
+                               "without its diagonal): the math path writes the whole T x T "
+                               "matrix, masked entries included")),
+        (numbers / 2 / 2**30, _("that counts numbers, not bytes, over only the causal half: each "
+                                "bfloat16 number takes 2 bytes, and the math path writes the "
+                                "whole T x T matrix")),
+        (nbytes / 2**40, _("that is TiB (2**40 bytes): the answer is wanted in GiB")),
+        (numbers * (itemsize + 1) / 2**30, _("that adds a one-byte mask per entry (what the math "
+                                             "path's safe softmax builds beside the scores): the "
+                                             "question asks for the score matrix alone")),
+        (numbers * (itemsize + 4) / 2**30, _("that adds a float32 copy of every entry (softmax "
+                                             "weights kept in float32): the question asks for "
+                                             "one bfloat16 score matrix")),
+        (k8 / 2**30, _("that takes T = 8000: 8192 tokens is 8 * 1024, not 8 * 1000")),
+        (k8 / 1e9, _("that takes T = 8000 and GB (10**9 bytes): T is 8192 = 8 * 1024 and a GiB "
+                     "is 2**30 bytes")),
     ]
 
 
@@ -82,64 +84,72 @@ def check_score_gib(answer: Any, B: int = 1, h: int = 32, T: int = 8192, S: int 
                     itemsize: int = 2) -> str:
     """Say right, or which factor of B * h * T * S * itemsize / 2**30 the answer gets wrong."""
     if answer is None:
-        return not_tried("write the size of one (B, h, T, T) score matrix in GiB as `gib` "
-                         "(a number)")
+        return not_tried(_("write the size of one (B, h, T, T) score matrix in GiB as `gib` "
+                           "(a number)"))
     got = as_number(answer, "gib")
     numbers = B * h * T * S  # entries of the matrix
     want = numbers * itemsize / 2**30
     if abs(got - want) <= 0.01 * want:
-        return right(f"{numbers:,} numbers of {itemsize} bytes = {numbers * itemsize:,} bytes "
-                     f"= {want:g} GiB, for one layer's scores alone")
+        return right(_("{numbers:,} numbers of {itemsize} bytes = {nbytes:,} bytes = {want:g} "
+                       "GiB, for one layer's scores alone").format(
+            numbers=numbers, itemsize=itemsize, nbytes=numbers * itemsize, want=want))
     table = [why for w, why in _size_mistakes(B, h, T, S, itemsize) if abs(got - w) <= 0.005 * w]
+    singles = {words for _kind, _factor, words in _slips(h, itemsize, T)}
     pairs = [why for why in slip_readings(got, want, _slips(h, itemsize, T), rtol=0.005)
-             if " together with " in why] if table else []  # the singles are in the table
+             if why not in singles] if table else []  # the singles are in the table
     named = first_match([1.0], [([1.0], why) for why in table + pairs]) if table else None
-    extra = (f"a little more than one score matrix ({100 * (got / want - 1):.2g}% more): something "
-             f"small is added to it (Q, K and V? a mask?); the question asks for the (B, h, T, T) "
-             f"scores alone") if want < got < 1.1 * want else None
+    extra = _("a little more than one score matrix ({more:.2g}% more): something small is added "
+              "to it (Q, K and V? a mask?); the question asks for the (B, h, T, T) scores "
+              "alone").format(more=100 * (got / want - 1)) if want < got < 1.1 * want else None
     if named and extra:
-        not_yet(f"two readings fit this value: {named}; or {extra}")
+        not_yet(_("two readings fit this value: {this}; or {that}").format(this=named, that=extra))
     if named or extra:
         not_yet(named or extra)
     if got <= 0:
-        not_yet(f"gib must be positive: a matrix takes room, got {got:g}")
+        not_yet(_("gib must be positive: a matrix takes room, got {got:g}").format(got=got))
     qkv_size = None
     for unit in (2**30, 1e9):  # a (T, d) matrix: the size of Q, K or V, not of the scores
         width = got * unit / (B * h * T * itemsize)
         if width in (16, 32, 64, 80, 96, 128, 256):
-            qkv_size = (f"that is a (T, {width:g}) matrix per head, the size of Q, K or V for a "
-                        f"head width of {width:g}: the scores pair every query with every key, "
-                        f"T x T" + ("" if unit == 2**30 else "; and that is GB (10**9 bytes), "
-                                                            "not GiB"))
+            qkv_size = (_("that is a (T, {width:g}) matrix per head, the size of Q, K or V for a "
+                          "head width of {width:g}: the scores pair every query with every key, "
+                          "T x T") if unit == 2**30 else
+                        _("that is a (T, {width:g}) matrix per head, the size of Q, K or V for a "
+                          "head width of {width:g}: the scores pair every query with every key, "
+                          "T x T; and that is GB (10**9 bytes), not GiB")).format(width=width)
     if got > 500 * want:
-        not_yet(f"{got:g} is far too big for GiB: that looks like a count in a small unit (bytes, "
-                f"KiB, MiB) or of numbers; a GiB is 2**30 bytes")
+        not_yet(_("{got:g} is far too big for GiB: that looks like a count in a small unit "
+                  "(bytes, KiB, MiB) or of numbers; a GiB is 2**30 bytes").format(got=got))
     pairs = slip_readings(got, want, _slips(h, itemsize, T), rtol=0.01)
     if pairs:
         more = [qkv_size] if qkv_size else []
         not_yet(first_match([1.0], [([1.0], why) for why in more + pairs]))
     said = describe_number(got, want, "gib", None, rtol=0.01)
+    with use_language("en"):  # which reading it is, whatever the language it is said in
+        kind = describe_number(got, want, "gib", None, rtol=0.01)
     if qkv_size is not None:
-        not_yet(f"two slips give this value: {qkv_size}; or {said}" if "factor" in said
-                else qkv_size)
-    if "off by" in said:  # a few GiB too many is a wrong factor here, not an off-by-one
+        not_yet(_("two slips give this value: {this}; or {that}").format(this=qkv_size, that=said)
+                if "factor" in kind else qkv_size)
+    if "off by" in kind:  # a few GiB too many is a wrong factor here, not an off-by-one
         k = math.floor(math.log2(got / want))
         lo, hi = (f"{2**k}" if k >= 0 else f"1/{2**-k}"), (f"{2**(k + 1)}" if k >= -1 else f"1/{2**(-k - 1)}")
-        said = f"gib is between {lo} and {hi} times the right value, a ratio none of the usual slips gives"
-    not_yet(f"{said}. Check each factor of your count in turn: the shape of the matrix, the "
-            f"bytes of one number, and the unit")
+        said = _("gib is between {lo} and {hi} times the right value, a ratio none of the usual "
+                 "slips gives").format(lo=lo, hi=hi)
+    not_yet(_("{said}. Check each factor of your count in turn: the shape of the matrix, the "
+              "bytes of one number, and the unit").format(said=said))
 
 
 def _slips(h: int, itemsize: int, T: int) -> list[tuple[str, float, str]]:
     """The single slips a size is made of, (kind, factor, words): two of them may come together."""
-    return [("item", 4 / itemsize, "4 bytes a number (float32)"),
-            ("item", 8 / itemsize, "8 bytes a number (float64)"),
-            ("item", 1 / itemsize, "numbers counted, not bytes"),
-            ("item", 8, "bits, not bytes"),
-            ("heads", 1 / h, "one head only"), ("heads", h, "the heads counted twice"),
-            ("unit", 2**30 / 1e9, "GB (10**9 bytes), not GiB"), ("solo", 2**10, "MiB, not GiB"),
-            ("half", 1 / 2, "only the causal half"), ("half", 2, "two matrices"),
-            ("solo", 1 / T, "T not squared")]
+    return [("item", 4 / itemsize, _("4 bytes a number (float32)")),
+            ("item", 8 / itemsize, _("8 bytes a number (float64)")),
+            ("item", 1 / itemsize, _("numbers counted, not bytes")),
+            ("item", 8, _("bits, not bytes")),
+            ("heads", 1 / h, _("one head only")), ("heads", h, _("the heads counted twice")),
+            ("unit", 2**30 / 1e9, _("GB (10**9 bytes), not GiB")),
+            ("solo", 2**10, _("MiB, not GiB")),
+            ("half", 1 / 2, _("only the causal half")), ("half", 2, _("two matrices")),
+            ("solo", 1 / T, _("T not squared"))]
 
 
 ALIASES = {
@@ -158,27 +168,32 @@ ALIASES = {
     "cudnn": ("cudnn", "cudnn_attention", "sdpbackend.cudnn_attention", "cudnn attention",
               "_scaled_dot_product_cudnn_attention"),
 }
-OTHER_NAMES = {
-    ("sdpa", "default", "auto", "scaled_dot_product_attention", "f.scaled_dot_product_attention",
-     "sdp", "dispatcher"):
-        "{got!r} names the dispatcher, not a kernel: which kernel does it pick here?",
-    ("error", "none", "raises", "it raises", "fails", "it fails", "refused", "runtimeerror",
-     "nothing", "no kernel", "sdpbackend.error"):
-        "a default call does not fail: SDPA tries its kernels in turn and runs the first that "
-        "accepts the inputs; only a call forced onto one kernel (sdpa_kernel) raises when that "
-        "kernel refuses. Which kernel accepts dropout on a CPU?",
-    ("overrideable", "sdpbackend.overrideable"):
-        "OVERRIDEABLE is a slot for kernels registered from outside PyTorch; none is on a plain "
-        "CPU build. Which of the lesson's kernels runs?",
-    ("cpu", "cuda", "gpu"):
-        "{got!r} names a device, not a kernel: the call runs on the CPU; which kernel runs there?",
-    ("eager", "manual", "naive", "numpy", "ours", "reference"):
-        "{got!r} is a path outside SDPA (the PyTorch port lesson's use_sdpa=False): the question "
-        "asks which of SDPA's own kernels runs",
-    ("flex", "flex_attention", "flexattention", "triton"):
-        "{got!r} is not one of SDPA's kernels: FlexAttention and Triton kernels are called "
-        "separately, never picked by F.scaled_dot_product_attention",
-}
+
+
+def _other_names() -> dict[tuple[str, ...], str]:
+    """Answers that name something other than a kernel, with what they name."""
+    return {
+        ("sdpa", "default", "auto", "scaled_dot_product_attention", "f.scaled_dot_product_attention",
+         "sdp", "dispatcher"):
+            _("{got!r} names the dispatcher, not a kernel: which kernel does it pick here?"),
+        ("error", "none", "raises", "it raises", "fails", "it fails", "refused", "runtimeerror",
+         "nothing", "no kernel", "sdpbackend.error"):
+            _("a default call does not fail: SDPA tries its kernels in turn and runs the first "
+              "that accepts the inputs; only a call forced onto one kernel (sdpa_kernel) raises "
+              "when that kernel refuses. Which kernel accepts dropout on a CPU?"),
+        ("overrideable", "sdpbackend.overrideable"):
+            _("OVERRIDEABLE is a slot for kernels registered from outside PyTorch; none is on a "
+              "plain CPU build. Which of the lesson's kernels runs?"),
+        ("cpu", "cuda", "gpu"):
+            _("{got!r} names a device, not a kernel: the call runs on the CPU; which kernel runs "
+              "there?"),
+        ("eager", "manual", "naive", "numpy", "ours", "reference"):
+            _("{got!r} is a path outside SDPA (the PyTorch port lesson's use_sdpa=False): the "
+              "question asks which of SDPA's own kernels runs"),
+        ("flex", "flex_attention", "flexattention", "triton"):
+            _("{got!r} is not one of SDPA's kernels: FlexAttention and Triton kernels are called "
+              "separately, never picked by F.scaled_dot_product_attention"),
+    }
 
 
 def _kernel_name(answer: Any, name: str) -> tuple[str, str]:
@@ -188,7 +203,8 @@ def _kernel_name(answer: Any, name: str) -> tuple[str, str]:
     if isinstance(answer, bytes):
         answer = answer.decode(errors="replace")
     if not isinstance(answer, str):
-        not_yet(f'{name} must be text, "flash" or "math", got {type(answer).__name__} {answer!r:.40}')
+        not_yet(_('{name} must be text, "flash" or "math", got {kind} {answer!r:.40}').format(
+            name=name, kind=type(answer).__name__, answer=answer))
     text = re.sub(r"\s+", " ", answer.strip().strip("'\"").lower())
     text = text.removeprefix("torch.nn.attention.").removeprefix("torch.backends.cuda.")
     for kernel, names in ALIASES.items():
@@ -232,11 +248,11 @@ def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
     what the CPU flash kernel's refusal of dropout leaves in torch 2.13.
     """
     if answer is None:
-        return not_tried('write the kernel\'s name as `kernel`: "flash" or "math"')
+        return not_tried(_('write the kernel\'s name as `kernel`: "flash" or "math"'))
     if _measured_in_notebook():
-        not_yet("`kernel` is set from a run (kernel_that_runs or SDPA itself), not from the "
-                "tables: the exercise asks you to answer from the lesson first; the cell below "
-                "then measures it for you")
+        not_yet(_("`kernel` is set from a run (kernel_that_runs or SDPA itself), not from the "
+                  "tables: the exercise asks you to answer from the lesson first; the cell below "
+                  "then measures it for you"))
     got, written = _kernel_name(answer, "kernel")
     want = "math" if measured is None else _kernel_name(measured, "measured")[0]
     if got not in KERNELS and not _named_both(got) and not re.search(r"\b(not|no|never)\b", got):
@@ -249,24 +265,30 @@ def check_dropout_kernel(answer: Any, measured: Any = None) -> str:
         elif len(words) == 1:
             got = words[0]  # "the math one", "math (the fallback)": the one kernel it names
     if got == want:
-        said = f"a default CPU call with dropout_p=0.1 runs {want}"
         if want == "math":
-            said += (": the CPU flash kernel refuses dropout, so SDPA hands the call to the math "
-                     "path, which applies dropout to the weights it materialises")
-        return right(said + ("" if written == want else f" (read {answer!r:.40} as {want!r})"))
+            said = _("a default CPU call with dropout_p=0.1 runs {want}: the CPU flash kernel "
+                     "refuses dropout, so SDPA hands the call to the math path, which applies "
+                     "dropout to the weights it materialises").format(want=want)
+        else:
+            said = _("a default CPU call with dropout_p=0.1 runs {want}").format(want=want)
+        if written != want:
+            said = _("{said} (read {answer!r:.40} as {want!r})").format(said=said, answer=answer,
+                                                                        want=want)
+        return right(said)
     if got in ("efficient", "cudnn"):
-        not_yet(f"{got} is a CUDA kernel: SDPA never picks it for CPU tensors (see the "
-                f"'on CPU' rows of the refusal table)")
+        not_yet(_("{got} is a CUDA kernel: SDPA never picks it for CPU tensors (see the 'on CPU' "
+                  "rows of the refusal table)").format(got=got))
     if got == "flash":
-        not_yet("the CPU flash kernel refuses dropout_p > 0 (the 'dropout 0.1' row of the "
-                "refusal table): a default call does not run a kernel that refuses its input")
+        not_yet(_("the CPU flash kernel refuses dropout_p > 0 (the 'dropout 0.1' row of the "
+                  "refusal table): a default call does not run a kernel that refuses its input"))
     if got == "math" and want == "flash":
-        not_yet("this PyTorch's CPU flash kernel accepts dropout: the measured default call "
-                "ran flash")
+        not_yet(_("this PyTorch's CPU flash kernel accepts dropout: the measured default call "
+                  "ran flash"))
     if _named_both(got):
-        not_yet(f"{answer!r:.40} names more than one kernel: one call runs one kernel, so name "
-                f"the one that runs")
-    for names, why in OTHER_NAMES.items():
+        not_yet(_("{answer!r:.40} names more than one kernel: one call runs one kernel, so name "
+                  "the one that runs").format(answer=answer))
+    for names, why in _other_names().items():
         if got in names:
             not_yet(why.format(got=got))
-    not_yet(f"{answer!r:.40} is not one of SDPA's kernels here: answer \"flash\" or \"math\"")
+    not_yet(_("{answer!r:.40} is not one of SDPA's kernels here: answer \"flash\" or "
+              "\"math\"").format(answer=answer))
