@@ -86,3 +86,111 @@ def catalog(lang: str) -> dict[str, str]:
 def _(message: str) -> str:
     """`message` in the learner's language; the English itself where no translation exists."""
     return catalog(language()).get(message, message)
+
+
+# Figures in Chinese -------------------------------------------------------------------------
+CJK_FAMILIES = (
+    "Noto Sans CJK SC", "Source Han Sans SC", "Noto Sans SC", "Source Han Sans CN",
+    "WenQuanYi Micro Hei", "WenQuanYi Zen Hei", "PingFang SC", "Hiragino Sans GB",
+    "Microsoft YaHei", "SimHei", "Heiti SC", "STHeiti", "Sarasa Gothic SC", "Droid Sans Fallback",
+    "Noto Sans CJK TC", "Noto Sans CJK JP", "Arial Unicode MS",
+)
+"""Font families that draw Simplified Chinese, best first (Linux, macOS, Windows)."""
+CJK_FILES = (
+    "notosanscjk-regular.ttc", "notosanscjksc-regular.otf", "notosanssc-regular.otf",
+    "notosanssc-regular.ttf", "sourcehansanssc-regular.otf", "wqy-microhei.ttc", "wqy-zenhei.ttc",
+    "pingfang.ttc", "hiragino sans gb.ttc", "msyh.ttc", "msyh.ttf", "simhei.ttf", "stheiti medium.ttc",
+    "droidsansfallbackfull.ttf", "droidsansfallback.ttf", "arial unicode.ttf",
+)
+"""The files those families come in (lower case), for fonts installed after matplotlib built its
+font cache: `apt-get install fonts-wqy-microhei` in a running kernel."""
+CJK_WHEEL = "noto_cjk_sans_otc"
+"""The PyPI wheel `noto-cjk-sans-otc` (Noto Sans CJK, 15.5 MB) that `make fonts-zh` installs."""
+_cjk_inserted: dict[str, str] = {}  # rcParams key -> the family use_cjk_font put there
+
+
+@functools.cache
+def cjk_font() -> str | None:
+    """The family name of a font matplotlib can draw Chinese with, its file registered; None if none.
+
+    Looked up in this order: $MHA_CJK_FONT (a family name or a font file); the families of
+    CJK_FAMILIES that matplotlib already knows; font files of CJK_FILES on the system that its
+    cache predates; the `noto-cjk-sans-otc` wheel in this environment. Found once per process.
+    """
+    import importlib.util
+    import warnings
+
+    from matplotlib import font_manager
+
+    def known() -> str | None:
+        names = {f.name for f in font_manager.fontManager.ttflist}
+        return next((name for name in CJK_FAMILIES if name in names), None)
+
+    override = os.environ.get("MHA_CJK_FONT", "").strip()
+    if override and pathlib.Path(override).is_file():
+        font_manager.fontManager.addfont(override)
+        here = pathlib.Path(override).resolve()
+        faces = [f.name for f in font_manager.fontManager.ttflist
+                 if pathlib.Path(f.fname).resolve() == here]
+        name = next((name for name in CJK_FAMILIES if name in faces), faces[0])
+        _bold_alias(font_manager, name)
+        return name
+    if override in {f.name for f in font_manager.fontManager.ttflist}:
+        _bold_alias(font_manager, override)
+        return override
+    if override:
+        warnings.warn(f"MHA_CJK_FONT={override!r} is neither a font file nor a family matplotlib "
+                      "knows; looking for another CJK font", stacklevel=2)
+    name = known()
+    if name is None:
+        for path in font_manager.findSystemFonts():
+            if pathlib.Path(path).name.lower() in CJK_FILES:
+                font_manager.fontManager.addfont(path)
+        name = known()
+    if name is None and importlib.util.find_spec(CJK_WHEEL) is not None:
+        wheel = importlib.import_module(CJK_WHEEL)
+        font_manager.fontManager.addfont(str(wheel.FONT_PATH))
+        name = known()
+    if name is not None:
+        _bold_alias(font_manager, name)
+    else:
+        warnings.warn("no CJK font found: Chinese labels on figures will show as empty boxes. "
+                      "`make fonts-zh` (or `pip install noto-cjk-sans-otc`, or "
+                      "`apt-get install fonts-wqy-microhei`) installs one", stacklevel=2)
+    return name
+
+
+def _bold_alias(font_manager, name: str) -> None:
+    """Let bold text of family `name` use its regular face when it has no bold one (the CJK fonts
+    found here often have none), instead of logging "Failed to find font weight bold" each time."""
+    import dataclasses
+
+    faces = [f for f in font_manager.fontManager.ttflist if f.name == name]
+    if faces and not any(isinstance(f.weight, int) and f.weight >= 600 for f in faces):
+        font_manager.fontManager.ttflist.append(dataclasses.replace(faces[0], weight=700))
+        cached = getattr(font_manager.fontManager, "_findfont_cached", None)
+        if cached is not None and hasattr(cached, "cache_clear"):
+            cached.cache_clear()
+
+
+def use_cjk_font() -> str | None:
+    """Make matplotlib's sans-serif text draw Chinese when the course speaks Chinese.
+
+    The course's drawing functions call this first. In Chinese the font of `cjk_font()` goes
+    first in `font.sans-serif` (it has Latin letters and digits too: a generic family resolves
+    to one font, with no fallback per glyph); in English what it put there is taken out again,
+    so English figures look as they always did. Returns the family in use, or None.
+    """
+    import matplotlib
+
+    name = cjk_font() if language() == "zh_CN" else None
+    families = list(matplotlib.rcParams["font.sans-serif"])
+    mine = _cjk_inserted.pop("font.sans-serif", None)
+    if mine in families:  # take out what this function put in, nothing else
+        families.remove(mine)
+    if name is not None:
+        families.insert(0, name)
+        _cjk_inserted["font.sans-serif"] = name
+    if families != list(matplotlib.rcParams["font.sans-serif"]):
+        matplotlib.rcParams["font.sans-serif"] = families
+    return name

@@ -19,16 +19,18 @@ from matplotlib.patches import FancyArrowPatch, FancyBboxPatch
 
 from mha.training.train import History
 from mha.validate import require_int
-from mha_course.viz import display_with_png_fallback, plot_heads
+from mha_course.i18n import _, use_cjk_font
+from mha_course.viz import N_, display_with_png_fallback, plot_heads
 
 
 # ---- the block --------------------------------------------------------------------------------
 def plot_block(ax=None):
     """Draw a pre-LN Transformer block: x -> LN -> MHA -> (+) -> LN -> MLP -> (+), with the skips."""
+    use_cjk_font()
     if ax is None:
-        _, ax = plt.subplots(figsize=(10, 2.4))
+        ax = plt.subplots(figsize=(10, 2.4))[1]
     w, hgt, r = 1.3, 0.8, 0.25  # box width and height, radius of a (+), in data units
-    parts = [("x", 0.0), ("LayerNorm", 1.8), ("multi-head\nattention", 3.6), ("+", 5.2),
+    parts = [("x", 0.0), ("LayerNorm", 1.8), (N_("multi-head\nattention"), 3.6), ("+", 5.2),
              ("LayerNorm", 6.8), ("MLP\nd -> 4d -> d", 8.6), ("+", 10.2), ("out", 11.6)]
     colours = {"LayerNorm": "#f3f3f3", "multi-head\nattention": "#e8f0fe",
                "MLP\nd -> 4d -> d": "#eaf6ea"}
@@ -45,9 +47,9 @@ def plot_block(ax=None):
         else:
             ax.add_patch(FancyBboxPatch((xc - w / 2, -hgt / 2), w, hgt, fc=colours[name],
                                         ec="#3b5998", boxstyle="round,pad=0.04"))
-            ax.text(xc, 0, name, ha="center", va="center", fontsize=8)
+            ax.text(xc, 0, _(name), ha="center", va="center", fontsize=8)
             half.append(w / 2 + 0.05)
-    for (_, a), ha, (_, b), hb in zip(parts, half, parts[1:], half[1:], strict=False):
+    for (_a, a), ha, (_b, b), hb in zip(parts, half, parts[1:], half[1:], strict=False):
         ax.add_patch(FancyArrowPatch((a + ha, 0), (b - hb, 0), arrowstyle="-|>",
                                      mutation_scale=10, color="#3b5998"))
     for start, plus, label in ((0.85, 5.2, "x + MHA(LN(x))"), (6.0, 10.2, "h + MLP(LN(h))")):
@@ -55,14 +57,14 @@ def plot_block(ax=None):
         ax.plot([start, start, plus, plus], [0, 0.85, 0.85, r], color="#c0392b", lw=1.2)
         ax.add_patch(FancyArrowPatch((plus, 0.5), (plus, r), arrowstyle="-|>",
                                      mutation_scale=10, color="#c0392b"))
-        ax.text((start + plus) / 2, 0.95, f"residual: {label}", ha="center", va="bottom",
-                fontsize=8, color="#c0392b")
+        ax.text((start + plus) / 2, 0.95, _("residual: {sum}").format(sum=label), ha="center",
+                va="bottom", fontsize=8, color="#c0392b")
     ax.text(5.2, -0.45, "h", ha="center", va="top", fontsize=9, family="monospace")
     ax.set_xlim(-0.9, 12.5)
     ax.set_ylim(-0.7, 1.3)
     ax.set_aspect("equal")
     ax.axis("off")
-    ax.set_title("One pre-LayerNorm Transformer block (our toy models switch the MLP off)",
+    ax.set_title(_("One pre-LayerNorm Transformer block (our toy models switch the MLP off)"),
                  fontsize=10)
     return ax
 
@@ -70,18 +72,19 @@ def plot_block(ax=None):
 # ---- training curves and snapshots ------------------------------------------------------------
 def plot_curves(history: History, ax=None, step: int | None = None, label: str | None = None):
     """Training loss per step (log scale) and held-out accuracy; a marker at `step` if given."""
+    use_cjk_font()
     if ax is None:
-        _, ax = plt.subplots(figsize=(5, 3.2))
+        ax = plt.subplots(figsize=(5, 3.2))[1]
     steps = np.arange(1, len(history.losses) + 1)
-    ax.plot(steps, history.losses, color="#3b75af", lw=1, label=label or "training loss")
-    ax.set(yscale="log", xlabel="training step", ylabel="loss (cross-entropy)")
+    ax.plot(steps, history.losses, color="#3b75af", lw=1, label=label or _("training loss"))
+    ax.set(yscale="log", xlabel=_("training step"), ylabel=_("loss (cross-entropy)"))
     acc = ax.twinx()
     acc.plot(history.eval_steps, history.eval_acc, "o-", ms=3, color="#e07b39",
-             label="held-out accuracy")
-    acc.set(ylim=(0, 1.05), ylabel="held-out accuracy")
+             label=_("held-out accuracy"))
+    acc.set(ylim=(0, 1.05), ylabel=_("held-out accuracy"))
     if step is not None:
         ax.axvline(step, color="0.3", ls="--", lw=1)
-    ax.set_title(f"{history.task}: loss and accuracy")
+    ax.set_title(_("{task}: loss and accuracy").format(task=history.task))
     return ax
 
 
@@ -96,7 +99,8 @@ def snapshot_maps(history: History, index: int, example: int = 0) -> tuple[np.nd
         raise ValueError(f"example must be an int in [0, {B_probe - 1}], got {example!r}")
     maps = np.concatenate([w[example].numpy() for w in layers])  # (L*h, T, S)
     h = layers[0].shape[1]
-    titles = [f"layer {i // h} head {i % h}" for i in range(maps.shape[0])]
+    titles = [_("layer {layer} head {head}").format(layer=i // h, head=i % h)
+              for i in range(maps.shape[0])]
     return maps, titles
 
 
@@ -117,6 +121,7 @@ def plot_snapshot(history: History, index: int, example: int = 0, fig=None, toke
     `marks` rings chosen cells: one (T,) array of key positions per map (-1 = no ring in that
     row), e.g. the key that holds each query's answer, so a reader sees where weight should go.
     """
+    use_cjk_font()
     maps, titles = snapshot_maps(history, index, example)  # (L*h, T, S)
     fig = plot_heads(maps, tokens=tokens, fig=fig, colorbar=colorbar)
     axes = [a for a in fig.axes if a.images]
@@ -125,13 +130,15 @@ def plot_snapshot(history: History, index: int, example: int = 0, fig=None, toke
         if keys is not None:
             rows = np.flatnonzero(keys >= 0)  # queries that have a marked key
             ax.scatter(keys[rows], rows, s=40, facecolors="none", edgecolors="#d62728", lw=1)
-    fig.suptitle(f"{history.task}: step {history.snapshot_steps[index]}", fontsize=10)
+    fig.suptitle(_("{task}: step {step}").format(task=history.task,
+                                                  step=history.snapshot_steps[index]), fontsize=10)
     return fig
 
 
 def plot_before_after(history: History, example: int = 0, tokens=None, marks=None):
     """The maps before training (step 0) and after it, side by side; returns the figure."""
-    maps, _ = snapshot_maps(history, 0, example)
+    use_cjk_font()
+    maps = snapshot_maps(history, 0, example)[0]
     n = maps.shape[0]
     fig = plt.figure(figsize=(min(4, n) * 2.3 * 2 + 1.0, 2.5 * -(-n // 4) + 0.5),
                      layout="constrained")
@@ -163,7 +170,7 @@ class TrainingScrubber:
         _marks_for(marks, n_maps)
         self.slider = widgets.SelectionSlider(
             options=[(str(s), i) for i, s in enumerate(history.snapshot_steps)], value=0,
-            description="training step", continuous_update=False,
+            description=_("training step"), continuous_update=False,
             style={"description_width": "initial"}, layout={"width": "520px"})
         self.image = widgets.Image(format="png")
         self.caption = widgets.HTML()
@@ -174,7 +181,8 @@ class TrainingScrubber:
 
     def frame(self, index: int) -> Figure:
         """The figure of snapshot `index`: its maps on the left, the curves on the right."""
-        maps, _ = snapshot_maps(self.history, index, self.example)
+        use_cjk_font()
+        maps = snapshot_maps(self.history, index, self.example)[0]
         n = maps.shape[0]
         ncols = min(n, 4)
         fig = Figure(figsize=(2.3 * ncols + 4.6, 2.4 * -(-n // 4) + 0.6), dpi=self.dpi,
@@ -189,10 +197,13 @@ class TrainingScrubber:
         """One sentence: the step, the loss there and the last held-out accuracy at or before it."""
         h = self.history
         step = h.snapshot_steps[index]
-        loss = "no step taken yet" if step == 0 else f"training loss {h.losses[step - 1]:.3f}"
+        loss = (_("no step taken yet") if step == 0 else
+                _("training loss {loss:.3f}").format(loss=h.losses[step - 1]))
         acc = [a for s, a in zip(h.eval_steps, h.eval_acc, strict=True) if s <= step][-1]
-        return (f"step {step} of {len(h.losses)}: {loss}; held-out accuracy {acc:.3f} "
-                f"(snapshot {index + 1} of {len(h.snapshots)})")
+        return _("step {step} of {steps}: {loss}; held-out accuracy {accuracy:.3f} "
+                 "(snapshot {snapshot} of {snapshots})").format(
+            step=step, steps=len(h.losses), loss=loss, accuracy=acc, snapshot=index + 1,
+            snapshots=len(h.snapshots))
 
     def png(self, index: int) -> bytes:
         """The PNG of snapshot `index`, drawn once and then cached."""
@@ -209,5 +220,5 @@ class TrainingScrubber:
 
     def _ipython_display_(self) -> None:
         """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
-        display_with_png_fallback(self.widget, self.image,
-                                  "training scrubber (run the notebook in Jupyter to move the slider)")
+        display_with_png_fallback(self.widget, self.image, _(
+            "training scrubber (run the notebook in Jupyter to move the slider)"))

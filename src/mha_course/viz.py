@@ -18,28 +18,36 @@ from mha.attention import masks, posenc
 from mha.ledger import LedgerRow
 from mha.modules.numpy_mha import MultiHeadAttention
 from mha.validate import require_heads, require_int, shape_of
+from mha_course.i18n import _, use_cjk_font
+
+
+def N_(message: str) -> str:
+    """Mark a message for the catalogs where it is defined; `_()` translates it where it is drawn."""
+    return message
+
 
 PIPELINE = [
-    ("1", "QKV projection", "x W + b"),
-    ("2", "split heads", "reshape + transpose"),
-    ("3", "scaled scores", "q k^T / sqrt(d_k)"),
-    ("4", "causal mask", "-inf above diagonal"),
-    ("5", "softmax", "rows sum to 1"),
-    ("6", "weighted sum", "weights @ v"),
-    ("7", "merge + project", "concat heads, W_o"),
+    ("1", N_("QKV projection"), "x W + b"),
+    ("2", N_("split heads"), "reshape + transpose"),
+    ("3", N_("scaled scores"), "q k^T / sqrt(d_k)"),
+    ("4", N_("causal mask"), N_("-inf above diagonal")),
+    ("5", "softmax", N_("rows sum to 1")),
+    ("6", N_("weighted sum"), "weights @ v"),
+    ("7", N_("merge + project"), N_("concat heads, W_o")),
 ]
 
 
 def _shape_after(ledger: list[LedgerRow], number: str) -> str:
-    """The shape of the last tensor a numbered step produced, or '' if it did not run."""
+    """The shape of the last tensor a numbered step produced, or "(skipped)" if it did not run."""
     rows = [r for r in ledger if r.step.startswith(number + " ")]
-    return str(rows[-1].shape) if rows else "(skipped)"
+    return str(rows[-1].shape) if rows else _("(skipped)")
 
 
 def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
     """Draw the seven steps as a left-to-right flow, with shapes from a real `trace` if given."""
+    use_cjk_font()
     if ax is None:
-        _, ax = plt.subplots(figsize=(15, 2.4))
+        ax = plt.subplots(figsize=(15, 2.4))[1]
     n = len(PIPELINE)
     w, gap = 1.9, 0.3  # box width and the arrow gap, in data units; labels must fit (tested)
     for i, (num, name, formula) in enumerate(PIPELINE):
@@ -47,12 +55,14 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
         box = FancyBboxPatch((x0, 0), w, 1, boxstyle="round,pad=0.04",
                              fc="#e8f0fe" if num != "4" else "#fde8e8", ec="#3b5998")
         ax.add_patch(box)
-        ax.text(x0 + w / 2, 0.78, f"{num}) {name}", ha="center", va="center", fontsize=8,
+        ax.text(x0 + w / 2, 0.78, f"{num}) {_(name)}", ha="center", va="center", fontsize=8,
                 weight="bold")
-        ax.text(x0 + w / 2, 0.5, formula, ha="center", va="center", fontsize=7.5)
+        ax.text(x0 + w / 2, 0.5, _(formula), ha="center", va="center", fontsize=7.5)
         if ledger is not None:
-            ax.text(x0 + w / 2, 0.2, _shape_after(ledger, num), ha="center", va="center",
-                    fontsize=8, family="monospace", color="#444")
+            shape = _shape_after(ledger, num)
+            # Shapes in monospace; a Chinese "(skipped)" in the sans-serif font (it has the glyphs)
+            ax.text(x0 + w / 2, 0.2, shape, ha="center", va="center", fontsize=8,
+                    family="monospace" if shape.isascii() else None, color="#444")
         if i < n - 1:
             ax.add_patch(FancyArrowPatch((x0 + w + 0.04, 0.5), (x0 + w + gap - 0.04, 0.5),
                                          arrowstyle="-|>", mutation_scale=12, color="#3b5998"))
@@ -62,8 +72,8 @@ def plot_pipeline(ledger: list[LedgerRow] | None = None, ax=None):
     ax.set_xlim(-1.2, n * (w + gap))
     ax.set_ylim(-0.15, 1.15)
     ax.axis("off")
-    ax.set_title("Multi-head attention in seven steps" +
-                 (" (shapes from a real run)" if ledger is not None else ""))
+    ax.set_title(_("Multi-head attention in seven steps") if ledger is None else
+                 _("Multi-head attention in seven steps (shapes from a real run)"))
     return ax
 
 
@@ -99,12 +109,13 @@ def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
     if tokens is not None and len(tokens) != max(w.shape):
         raise ValueError(f"tokens must have {max(w.shape)} labels for a {w.shape} matrix, "
                          f"got {len(tokens)}")
+    use_cjk_font()
     if ax is None:
-        _, ax = plt.subplots(figsize=(3.6, 3.2))
+        ax = plt.subplots(figsize=(3.6, 3.2))[1]
     T, S = w.shape  # (T, S)
     im = ax.imshow(_zeros_grey(w), cmap=ATTN_CMAP, vmin=0.0, vmax=1.0, interpolation="nearest")
-    ax.set_xlabel("key s")
-    ax.set_ylabel("query t")
+    ax.set_xlabel(_("key s"))
+    ax.set_ylabel(_("query t"))
     if tokens is not None:
         ax.set_xticks(range(S), list(tokens)[:S], rotation=90)
         ax.set_yticks(range(T), list(tokens)[:T])
@@ -118,7 +129,7 @@ def plot_attention(weights_2d, ax=None, title: str | None = None, tokens=None,
     if title is not None:
         ax.set_title(title)
     if colorbar:
-        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label="weight (grey: exactly 0)")
+        ax.figure.colorbar(im, ax=ax, fraction=0.046, pad=0.04, label=_("weight (grey: exactly 0)"))
     return ax
 
 
@@ -141,6 +152,7 @@ def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
         raise ValueError(f"weights must be (h, T, S) or (1, h, T, S), got {shape_of(weights)}")
     h = w.shape[0]
     nrows, ncols = _grid(h)
+    use_cjk_font()
     if fig is None:
         fig = plt.figure(figsize=(2.4 * ncols + 0.6, 2.3 * nrows + 0.4), layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False)
@@ -148,7 +160,7 @@ def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
         if j >= h:
             ax.set_visible(False)
             continue
-        plot_attention(w[j], ax=ax, title=f"head {j}", tokens=tokens)
+        plot_attention(w[j], ax=ax, title=_("head {j}").format(j=j), tokens=tokens)
         if not ticks:
             ax.set_xticks([])
             ax.set_yticks([])
@@ -159,7 +171,7 @@ def plot_heads(weights, tokens=None, fig=None, suptitle: str | None = None,
     if colorbar:
         shown = [ax for ax in axes.flat if ax.get_visible()]
         fig.colorbar(shown[0].images[0], ax=list(axes.flat), shrink=0.8 if nrows > 1 else 1.0,
-                     label="weight (grey: exactly 0)")
+                     label=_("weight (grey: exactly 0)"))
     if suptitle is not None:
         fig.suptitle(suptitle)
     return fig
@@ -174,16 +186,17 @@ def divisors(n: int) -> list[int]:
 
 # The explorer's mask / bias selector: what each pattern does, in one line.
 PATTERNS = {
-    "none": "no extra mask or bias",
-    "window": "sliding window: each query sees keys at most {w_1} positions away (itself too)",
-    "padding": "padding: the last {pad} token(s) are <pad>; no query sees them and their rows are 0",
-    "alibi": "ALiBi: a per-head penalty, slope x distance, added to the scores (recent keys win)",
-    "rope": "RoPE: q and k rotated by their positions before the scores (relative positions)",
+    "none": N_("no extra mask or bias"),
+    "window": N_("sliding window: each query sees keys at most {w_1} positions away (itself too)"),
+    "padding": N_("padding: the last {pad} token(s) are <pad>; no query sees them and their rows are 0"),
+    "alibi": N_("ALiBi: a per-head penalty, slope x distance, added to the scores (recent keys win)"),
+    "rope": N_("RoPE: q and k rotated by their positions before the scores (relative positions)"),
 }
 
 
-PATTERN_OPTIONS = [("none", "none"), ("sliding window", "window"), ("padding", "padding"),
+PATTERN_OPTIONS = [(N_("none"), "none"), (N_("sliding window"), "window"), (N_("padding"), "padding"),
                    ("ALiBi", "alibi"), ("RoPE", "rope")]
+"""The mask / bias selector's entries: (label, pattern); the labels are translated where shown."""
 
 
 def padded(T: int) -> int:
@@ -273,11 +286,17 @@ def describe(maps, causal: bool, temperature: float, pattern: str = "none",
     live = n_allowed > 0
     ent = float(row_entropy(w)[:, live].mean())
     uniform = float(np.log(n_allowed[live]).mean())
-    mask = f"causal {'on' if causal else 'off'}: {count} of {T * S} weights per head are exactly 0"
-    text = (f"{mask}; temperature {temperature:.3g}: mean row entropy over {h} head(s) "
-            f"{ent:.2f} nats (uniform over the allowed keys: {uniform:.2f}, one-hot: 0)")
+    text = (_("causal on: {count} of {total} weights per head are exactly 0; temperature "
+              "{temperature:.3g}: mean row entropy over {h} head(s) {ent:.2f} nats (uniform over "
+              "the allowed keys: {uniform:.2f}, one-hot: 0)") if causal else
+            _("causal off: {count} of {total} weights per head are exactly 0; temperature "
+              "{temperature:.3g}: mean row entropy over {h} head(s) {ent:.2f} nats (uniform over "
+              "the allowed keys: {uniform:.2f}, one-hot: 0)"))
+    text = text.format(count=count, total=T * S, temperature=temperature, h=h, ent=ent,
+                       uniform=uniform)
     if pattern != "none":
-        text += ". " + PATTERNS[pattern].format(w_1=window - 1, pad=padded(T))
+        text = _("{text}. {pattern}").format(
+            text=text, pattern=_(PATTERNS[pattern]).format(w_1=window - 1, pad=padded(T)))
     return text
 
 
@@ -287,13 +306,14 @@ def what_changed(old: dict, new: dict) -> str:
         return f"{v:.3g}" if isinstance(v, float) else str(v)
 
     diffs = [f"{k} {fmt(old[k])} -> {fmt(new[k])}" for k in new if k in old and old[k] != new[k]]
-    return ("changed: " + ", ".join(diffs)) if diffs else "initial view"
+    return _("changed: {diffs}").format(diffs=", ".join(diffs)) if diffs else _("initial view")
 
 
 class _HeatmapView:
     """One laid-out figure of the explorer: its heatmaps and the pixels behind them."""
 
     def __init__(self, shown: np.ndarray, s: dict, dpi: int):
+        use_cjk_font()
         self.fig = Figure(dpi=dpi, layout="constrained")
         FigureCanvasAgg(self.fig)
         n = shown.shape[0]  # shown: (n, T, T)
@@ -305,7 +325,7 @@ class _HeatmapView:
         else:
             self.fig.set_size_inches(4.6, 3.8)
             plot_attention(shown[0], ax=self.fig.add_subplot(), colorbar=True,
-                           title=f"head {s['head']} of {s['n_heads']}")
+                           title=_("head {j} of {h}").format(j=s["head"], h=s["n_heads"]))
         self.images = [ax.images[0] for ax in self.fig.axes if ax.images]
         # Blitting: draw everything except the heatmaps once (text is the slow part) and
         # keep those pixels; each redraw pastes them back and draws only the heatmaps.
@@ -390,17 +410,17 @@ class AttentionExplorer:
         self.window = require_int("window", window)
         self.cached_views = require_int("cached_views", cached_views)
         self.controls = {
-            "causal": widgets.Checkbox(value=causal, description="causal mask"),
+            "causal": widgets.Checkbox(value=causal, description=_("causal mask")),
             "n_heads": widgets.SelectionSlider(options=divisors(d_model), value=n_heads,
-                                               description="heads h"),
-            "T": widgets.IntSlider(value=T, min=2, max=max_T, description="length T"),
+                                               description=_("heads h")),
+            "T": widgets.IntSlider(value=T, min=2, max=max_T, description=_("length T")),
             "temperature": widgets.FloatLogSlider(value=temperature, base=10, min=-1, max=1,
-                                                  step=0.05, description="temperature",
+                                                  step=0.05, description=_("temperature"),
                                                   readout_format=".2f"),
             "head": widgets.Dropdown(options=self._head_options(n_heads), value=-1,
-                                     description="show"),
-            "pattern": widgets.Dropdown(options=PATTERN_OPTIONS, value=pattern,
-                                        description="mask / bias"),
+                                     description=_("show")),
+            "pattern": widgets.Dropdown(options=[(_(label), p) for label, p in PATTERN_OPTIONS],
+                                        value=pattern, description=_("mask / bias")),
         }
         self.image = widgets.Image(format="png")
         self.caption = widgets.HTML()
@@ -429,7 +449,7 @@ class AttentionExplorer:
     @staticmethod
     def _head_options(h: int) -> list[tuple[str, int]]:
         """Dropdown entries: all heads in a grid (-1), or one head by index."""
-        return [("all heads", -1)] + [(f"head {j}", j) for j in range(h)]
+        return [(_("all heads"), -1)] + [(_("head {j}").format(j=j), j) for j in range(h)]
 
     def state(self) -> dict:
         """The current settings as a plain dict."""
@@ -457,7 +477,8 @@ class AttentionExplorer:
             maps = attention_maps(self.d_model, s["n_heads"], s["T"], s["causal"],
                                   s["temperature"], self.seed, s["pattern"], self.window)
         except ValueError as err:  # e.g. RoPE with an odd d_k: say why, keep the old picture
-            self.caption.value = f"<b style='color:#b00'>cannot show this: {html.escape(str(err))}</b>"
+            self.caption.value = ("<b style='color:#b00'>" + html.escape(
+                _("cannot show this: {error}").format(error=err)) + "</b>")
             return
         self.maps = maps  # (h, T, T)
         shown = self.maps if s["head"] < 0 else self.maps[s["head"]][None]  # (h or 1, T, T)
@@ -472,16 +493,17 @@ class AttentionExplorer:
             self._views.pop(next(iter(self._views)))
         self._view = view
         self.image.value = view.png()
-        shown_state = {**s, "head": "all" if s["head"] < 0 else s["head"]}
+        shown_state = {**s, "head": _("all") if s["head"] < 0 else s["head"]}
         old, self._state = self._state, shown_state
-        changed = "initial view" if old is None else what_changed(old, shown_state)
-        self.caption.value = f"<b>{changed}</b>. " + html.escape(describe(
-            self.maps, s["causal"], s["temperature"], s["pattern"], self.window))
+        changed = _("initial view") if old is None else what_changed(old, shown_state)
+        self.caption.value = _("{changed}. {description}").format(
+            changed=f"<b>{changed}</b>", description=html.escape(describe(
+                self.maps, s["causal"], s["temperature"], s["pattern"], self.window)))
 
     def _ipython_display_(self) -> None:
         """Show the live widget; static viewers (GitHub) fall back to the current PNG."""
-        display_with_png_fallback(self.widget, self.image,
-                                  "attention explorer (run the notebook in Jupyter to move the sliders)")
+        display_with_png_fallback(self.widget, self.image, _(
+            "attention explorer (run the notebook in Jupyter to move the sliders)"))
 
 
 def explorer(**kwargs) -> AttentionExplorer:

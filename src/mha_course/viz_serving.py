@@ -11,11 +11,21 @@ import numpy as np
 from matplotlib.colors import ListedColormap
 from matplotlib.patches import FancyArrowPatch, Patch, Rectangle
 
+from mha_course.i18n import _, use_cjk_font
+
+
+def N_(message: str) -> str:
+    """Mark a message for the catalogs where it is defined; `_()` translates it where it is drawn."""
+    return message
+
+
 EMPTY_SLOT = -1
 """The position a pool writes in an unused slot (mha.inference.kv_cache.EMPTY)."""
 
-STATES = ("not arrived", "waiting", "prefill chunk", "decode", "preempted", "done")
-"""What a request does at one step of the timeline, in the order of COLOURS."""
+STATES = (N_("not arrived"), N_("waiting"), N_("prefill chunk"), N_("decode"), N_("preempted"),
+          N_("done"))
+"""What a request does at one step of the timeline, in the order of COLOURS (the legend translates
+them; the codes of `timeline_states` index this English tuple)."""
 COLOURS = ("#ffffff", "#e8e8e8", "#f0a35e", "#3b75af", "#d62728", "#9e9e9e")
 
 
@@ -45,14 +55,15 @@ def plot_pool(pool: Any, ax=None, title: str | None = None,
         starts.append(x)
         x += max(len(table), 1) + gap
     width = max(N, x - gap)
+    use_cjk_font()
     if ax is None:
-        _, ax = plt.subplots(figsize=(max(6.0, 0.75 * width + 2.5), 2.6), layout="constrained")
+        ax = plt.subplots(figsize=(max(6.0, 0.75 * width + 2.5), 2.6), layout="constrained")[1]
     y = 1.9  # the logical row
     for (seq, table), x0 in zip(tables.items(), starts, strict=True):
         label = (names or {}).get(seq, str(seq))
         ax.text(x0 + 0.45 * max(len(table), 1), y + 0.85, label, ha="center", va="bottom", fontsize=9)
         if not table:
-            ax.text(x0 + 0.45, y + 0.3, "(no blocks)", ha="center", va="center", fontsize=7)
+            ax.text(x0 + 0.45, y + 0.3, _("(no blocks)"), ha="center", va="center", fontsize=7)
         for i, b in enumerate(table):
             ax.add_patch(Rectangle((x0 + i, y), 0.9, 0.6, facecolor="#f4f4f4", edgecolor="0.3",
                                    zorder=2))
@@ -66,18 +77,19 @@ def plot_pool(pool: Any, ax=None, title: str | None = None,
         if refcounts[b] > 0:
             ax.add_patch(Rectangle((b, 0), 0.9 * fill[b] / bs, 0.9, facecolor=colour, lw=0, zorder=2))
         ax.text(b + 0.45, 0.62, f"{b}", ha="center", va="center", fontsize=9, weight="bold", zorder=3)
-        ax.text(b + 0.45, 0.28, f"ref {refcounts[b]}\n{fill[b]}/{bs}" if refcounts[b] else "free",
+        ax.text(b + 0.45, 0.28, _("ref {refcount}\n{fill}/{size}").format(
+                    refcount=refcounts[b], fill=fill[b], size=bs) if refcounts[b] else _("free"),
                 ha="center", va="center", fontsize=7, zorder=3)
-    ax.text(-0.15, 0.45, "pool", ha="right", va="center", fontsize=8, color="0.3")
-    ax.text(-0.15, y + 0.3, "tables", ha="right", va="center", fontsize=8, color="0.3")
+    ax.text(-0.15, 0.45, _("pool"), ha="right", va="center", fontsize=8, color="0.3")
+    ax.text(-0.15, y + 0.3, _("tables"), ha="right", va="center", fontsize=8, color="0.3")
     ax.set_xlim(-1.0, width + 0.1)
     ax.set_ylim(-0.1, y + 1.25)
     ax.set_axis_off()
     if title is not None:
         ax.set_title(title, fontsize=10)
-    ax.legend(handles=[Patch(facecolor="#a9c6e3", edgecolor="0.3", label="held by one table"),
-                       Patch(facecolor="#f6c48f", edgecolor="0.3", label="shared (refcount > 1)"),
-                       Patch(facecolor="white", edgecolor="0.3", label="free")],
+    ax.legend(handles=[Patch(facecolor="#a9c6e3", edgecolor="0.3", label=_("held by one table")),
+                       Patch(facecolor="#f6c48f", edgecolor="0.3", label=_("shared (refcount > 1)")),
+                       Patch(facecolor="white", edgecolor="0.3", label=_("free"))],
               loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize=7, frameon=False)
     return ax
 
@@ -116,6 +128,7 @@ def plot_timeline(timeline: Sequence[Any], arrivals: Mapping[int, int], title: s
     arrivals: {rid: the step it arrives at}. Prefill chunks are labelled with the tokens they feed.
     """
     state, rids, cols = timeline_states(timeline, arrivals)
+    use_cjk_font()
     if fig is None:
         fig = plt.figure(figsize=(max(6.5, 0.28 * len(cols) + 2), 1.6 + 0.32 * len(rids)),
                          layout="constrained")
@@ -124,7 +137,7 @@ def plot_timeline(timeline: Sequence[Any], arrivals: Mapping[int, int], title: s
     used = {rec.step: rec.blocks_in_use for rec in timeline}
     top.bar([c for c in cols if c in used], [used[c] for c in cols if c in used], width=0.8,
             color="0.55")
-    top.set_ylabel("blocks\nin use", fontsize=8)
+    top.set_ylabel(_("blocks\nin use"), fontsize=8)
     top.tick_params(labelsize=7)
     grid.imshow(state, cmap=ListedColormap(COLOURS), vmin=0, vmax=len(STATES) - 1, aspect="auto",
                 interpolation="nearest", extent=(first - 0.5, first + len(cols) - 0.5,
@@ -133,13 +146,13 @@ def plot_timeline(timeline: Sequence[Any], arrivals: Mapping[int, int], title: s
     for rec in timeline:
         for rid, start, stop in rec.prefilled:
             grid.text(rec.step, row[rid], f"{stop - start}", ha="center", va="center", fontsize=6)
-    grid.set_yticks(range(len(rids)), [f"request {r}" for r in rids], fontsize=8)
-    grid.set_xlabel("scheduler step")
+    grid.set_yticks(range(len(rids)), [_("request {rid}").format(rid=r) for r in rids], fontsize=8)
+    grid.set_xlabel(_("scheduler step"))
     grid.set_xticks(np.arange(first - 0.5, first + len(cols)), minor=True)
     grid.set_yticks(np.arange(-0.5, len(rids)), minor=True)
     grid.grid(which="minor", color="white", lw=0.6)
     grid.tick_params(which="minor", length=0)
-    grid.legend(handles=[Patch(facecolor=c, edgecolor="0.5", label=s)
+    grid.legend(handles=[Patch(facecolor=c, edgecolor="0.5", label=_(s))
                          for s, c in zip(STATES, COLOURS, strict=True)],
                 loc="upper center", bbox_to_anchor=(0.5, -0.25 if len(rids) > 4 else -0.45),
                 ncol=len(STATES), fontsize=7, frameon=False)
