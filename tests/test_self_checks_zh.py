@@ -63,6 +63,8 @@ def test_the_catalogs_are_complete():
         "(python -m tools.book.messages stat): " + ", ".join(
             f"tryit.{s.domain} ({s.untranslated} untranslated, {s.fuzzy} fuzzy, "
             f"{s.invalid} invalid)" for s in bad)
+    assert not messages.conflicts(), "messages translated differently in two catalogs: " \
+        f"{messages.conflicts()}"
     assert messages.main(["stat", "--strict"]) == 0
 
 

@@ -13,7 +13,8 @@ helpers), which `mha_course.i18n.catalog` merges at run time.
 
 A translation must keep the message's `{placeholders}` (name, conversion and format spec, each
 as often as the English has it) and be Chinese; `stat --strict` exits 1 on anything
-untranslated, fuzzy or invalid. The round trip is the one of `tools.book.i18n`.
+untranslated, fuzzy or invalid, and on a message two catalogs translate differently (the catalogs
+are merged into one lookup). The round trip is the one of `tools.book.i18n`.
 """
 
 from __future__ import annotations
@@ -184,6 +185,22 @@ def stat(lang: str = LANG, verbose: bool = False, mods: list[str] | None = None)
     return out
 
 
+def conflicts(lang: str = LANG) -> dict[str, dict[str, str]]:
+    """Messages translated differently in two catalogs: msgid -> {module: translation}.
+
+    The catalogs are merged into one lookup at run time (`mha_course.i18n.catalog`), so a
+    message shared by two modules must read the same in both."""
+    from mha_course.i18n import read_po
+
+    seen: dict[str, dict[str, str]] = {}
+    for module in modules():
+        path = po_path(module, lang)
+        if path.exists():
+            for msgid, msgstr in read_po(path).items():
+                seen.setdefault(msgid, {})[module] = msgstr
+    return {k: v for k, v in seen.items() if len(set(v.values())) > 1}
+
+
 def todo(module: str, lang: str = LANG, everything: bool = False) -> str:
     """The untranslated, fuzzy or invalid messages of a module's catalog as `@@ N` blocks."""
     cat = read(module, lang)
@@ -247,7 +264,11 @@ def main(argv: list[str] | None = None) -> int:
                   f"{st.untranslated:4} untranslated {st.invalid:3} invalid  {state}")
         total = sum(st.translated + st.fuzzy + st.untranslated + st.invalid for st in stats)
         print(f"{'total':40} {sum(st.translated for st in stats):4} of {total} translated")
-        return 1 if args.strict and not all(st.complete for st in stats) else 0
+        clashes = conflicts()
+        for msgid, where in clashes.items():
+            print(f"conflict: {msgid[:70]!r} reads differently in " + "; ".join(
+                f"tryit.{m}: {t[:40]!r}" for m, t in where.items()), file=sys.stderr)
+        return 1 if args.strict and (clashes or not all(st.complete for st in stats)) else 0
     if args.cmd == "todo":
         print(todo(args.module, everything=args.all))
         return 0
