@@ -24,13 +24,13 @@ import time
 from dataclasses import dataclass
 
 from tools.book import i18n
-from tools.site import NotebookChecks, ci_runtimes, notebook_checks
+from tools.book.checks import NotebookChecks, ci_runtimes, notebook_checks
 
 HERE = pathlib.Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 NOTEBOOKS = ROOT / "notebooks"
 ASSIGNMENTS = NOTEBOOKS / "assignments" / "source"
-VENDOR = ROOT / "tools" / "site" / "vendor"
+VENDOR = HERE / "vendor"
 LANGS = ("en", "zh_CN")
 
 WORDS = {  # the few words the build itself writes, in each edition

@@ -52,7 +52,7 @@ html_extra_path = ["_extra"]  # the widget fonts, where the widget script looks 
 html_context = {"default_mode": "auto"}  # light or dark as the reader's system prefers; the switch overrides
 html_css_files = ["book.css"]
 html_last_updated_fmt = None
-html_copy_source = False
+html_copy_source = True  # the download button offers the page's notebook (the Chinese one in that edition)
 html_show_sourcelink = False
 # The search follows `language`: for zh_CN Sphinx splits words with jieba (requirements-dev.txt).
 
@@ -90,5 +90,34 @@ def _chinese_stemmer(app, exception) -> None:
             f.write(text.replace("window.Stemmer = ChineseStemmer;", "window.Stemmer = EnglishStemmer;"))
 
 
+# Sphinx indexes Chinese as the words jieba cut at build time, but splits a query only at spaces
+# and punctuation, so 因果掩码 (indexed as 因果 + 掩码) finds nothing. This splitter cuts a run of
+# Chinese characters in the query into the longest words the index itself holds (forward maximum
+# matching on Search._index.terms, loaded by the time a query runs); a lone character the index
+# does not hold (的, 了) is dropped, since every term must match.
+CHINESE_SPLITTER = """
+var splitQuery = (query) => {
+  const words = query.split(/[^\\p{Letter}\\p{Number}_\\p{Emoji_Presentation}]+/gu).filter((t) => t);
+  const terms = (typeof Search !== "undefined" && Search._index) ? Search._index.terms : null;
+  const out = [];
+  for (const word of words) {
+    if (!terms || !/[\\u3400-\\u9fff]/.test(word) || word in terms) { out.push(word); continue; }
+    let i = 0;
+    while (i < word.length) {
+      let j = Math.min(word.length, i + 8);
+      while (j > i + 1 && !(word.slice(i, j).toLowerCase() in terms)) j--;
+      const piece = word.slice(i, j);
+      if (piece.length > 1 || piece.toLowerCase() in terms) out.push(piece);
+      i = j;
+    }
+  }
+  return out;
+};
+"""
+
+
 def setup(app):
+    from sphinx.search import zh
+
+    zh.SearchChinese.js_splitter_code = CHINESE_SPLITTER
     app.connect("build-finished", _chinese_stemmer)
