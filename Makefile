@@ -21,13 +21,16 @@ TEACHER ?= 0
 
 .PHONY: lab test lint unit site site-test notebooks demo bench assignments grade report nbgrader-ui clean help
 .PHONY: student-pack gpu-check
+.PHONY: lab-zh fonts-zh i18n-check
 .PHONY: assignment check similarity canvas
 
 help:
 	@echo "make lab        create $(VENV), install, open JupyterLab on notebooks/ (CPU=1 / CPU=0: force torch's CPU-only / default build)"
 	@echo "make test       install dev tools, then ruff + unit tests + nbval over every notebook + the site"
 	@echo "make notebooks  re-execute every notebook in place (fresh kernel, top to bottom)"
-	@echo "make site       render the series as a static website in $(SITE)/ (open $(SITE)/index.html)"
+	@echo "make site       the series as a book in English and Chinese, offline, in $(SITE)/ (open $(SITE)/index.html)"
+	@echo "make lab-zh     the Chinese notebooks (from the zh_CN catalogs) into notebooks/zh_CN/, opened in JupyterLab"
+	@echo "make i18n-check fail on an untranslated, fuzzy or broken entry in any zh_CN catalog"
 	@echo "make demo       python -m mha: a one-screen terminal demo"
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
 	@echo "make gpu-check  on a CUDA machine: CUDA tests, GPU lessons, SDPA + Triton benchmarks (benchmarks/results/gpu-check/)"
@@ -96,7 +99,31 @@ lab: $(VENV)/.lab-installed $(LAB_OVERRIDES) nbgrader-ui
 	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
 	  --ServerApp.root_dir=notebooks $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
 
-test: $(VENV)/.dev-installed lint unit site-test
+# The Chinese edition in JupyterLab: the lessons written again from the zh_CN catalogs into
+# notebooks/zh_CN/ (same code cells and outputs; not committed), with a `.mha-language` file
+# that makes the Try-it checks and the figures speak Chinese; a CJK font for the figures first.
+ZH_NOTEBOOKS := notebooks/zh_CN
+lab-zh: $(VENV)/.lab-installed $(LAB_OVERRIDES) nbgrader-ui fonts-zh
+	$(BIN)/python -m tools.book.i18n notebooks $(ZH_NOTEBOOKS)
+	@$(BIN)/jupyter trust $(ZH_NOTEBOOKS)/*.ipynb >/dev/null
+	$(BIN)/jupyter lab --no-browser --ip=127.0.0.1 --port=$(PORT) \
+	  --ServerApp.root_dir=$(ZH_NOTEBOOKS) $(LAB_ARGS) $(if $(filter 0,$(shell id -u)),--allow-root,)
+
+# A CJK-capable font for figures with Chinese words: a system one when matplotlib can find it
+# (Debian: fonts-wqy-microhei or fonts-noto-cjk), else the noto-cjk-sans-otc wheel (15 MB).
+fonts-zh: $(VENV)/.lab-installed
+	@$(BIN)/python -W ignore -c "from mha_course.i18n import cjk_font; raise SystemExit(cjk_font() is None)" \
+	  || $(PIP) install -q "noto-cjk-sans-otc==0.0.1"
+	@$(BIN)/python -c "from mha_course.i18n import cjk_font; print('figures in Chinese use', cjk_font())"
+
+test: $(VENV)/.dev-installed lint i18n-check unit site-test
+
+# Every zh_CN catalog complete: the lessons', assignments' and pages' (tools.book.i18n) and the
+# course's messages (tools.book.messages); an entry is bad when missing, fuzzy (its English
+# changed) or when it drops a code span, a formula, a link, a placeholder or a list item.
+i18n-check: $(VENV)/.dev-installed
+	$(BIN)/python -m tools.book.i18n stat --strict > /dev/null
+	$(BIN)/python -m tools.book.messages stat --strict > /dev/null
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests notebooks tools $(wildcard benchmarks)
@@ -104,20 +131,22 @@ lint: $(VENV)/.dev-installed
 # Unit tests and every notebook in one pytest run, so one summary line covers all. Its junit
 # report gives the site's checks page each notebook's runtime; the site's own browser test
 # runs after the site is built (site-test).
-unit: $(VENV)/.dev-installed nbgrader-ui
+unit: $(VENV)/.dev-installed nbgrader-ui fonts-zh
 	@mkdir -p $(REPORTS)
-	$(BIN)/python -m pytest tests $(NOTEBOOKS) --ignore=tests/test_site.py \
+	$(BIN)/python -m pytest tests $(NOTEBOOKS) --ignore=tests/test_book.py \
 	  --nbval-lax --nbval-current-env --nbval-cell-timeout=300 \
 	  -n $(JOBS) --dist loadscope --junitxml=$(REPORTS)/junit.xml $(PYTEST_ARGS)
 
-# The series as a static website in $(SITE)/ (nbconvert, every asset served locally).
+# The book in $(SITE)/: $(SITE)/en/ and $(SITE)/zh_CN/ (Sphinx, myst-nb, sphinx-book-theme;
+# tools/book/), from the committed outputs, offline; a Sphinx warning fails the build.
 site: $(VENV)/.dev-installed
-	$(BIN)/python -m tools.site $(SITE) --junit $(REPORTS)/junit.xml
+	$(BIN)/python -m tools.book $(SITE) --junit $(REPORTS)/junit.xml
 
-# Open the built site in headless Chromium (index -> lesson 08 -> 09, checks page), offline.
+# Read the built book in headless Chromium with the network cut: both editions, both themes,
+# search in both languages, every link and anchor.
 site-test: site
 	@mkdir -p $(REPORTS)
-	SITE_DIR=$(SITE) $(BIN)/python -m pytest tests/test_site.py \
+	SITE_DIR=$(SITE) $(BIN)/python -m pytest tests/test_book.py -n $(JOBS) \
 	  --junitxml=$(REPORTS)/junit-site.xml $(PYTEST_ARGS)
 
 notebooks: $(VENV)/.dev-installed
@@ -197,4 +226,4 @@ demo: $(VENV)/.lab-installed
 	$(BIN)/python -m mha
 
 clean:
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis $(SITE)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis $(SITE) $(ZH_NOTEBOOKS)

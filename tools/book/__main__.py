@@ -2,6 +2,7 @@
 
 import argparse
 import pathlib
+import sys
 
 from tools.book.build import LANGS, build
 
@@ -15,11 +16,14 @@ def main() -> None:
     p.add_argument("--jobs", type=int, default=1, help="Sphinx's parallel jobs")
     a = p.parse_args()
     junit = a.junit if a.junit and a.junit.exists() else None
-    for ed in build(a.out, tuple(a.lang or LANGS), junit=junit, jobs=a.jobs):
+    editions = build(a.out, tuple(a.lang or LANGS), junit=junit, jobs=a.jobs)
+    for ed in editions:
         print(f"book {ed.lang}: {len(ed.pages)} pages in {ed.out}, built in {ed.seconds:.1f} s, "
               f"{len(ed.warnings)} warnings")
         for w in ed.warnings:
             print(f"  {w}")
+    if any(ed.warnings for ed in editions):
+        sys.exit("the book has Sphinx warnings (above): fix them, a warning is a broken page")
 
 
 if __name__ == "__main__":
