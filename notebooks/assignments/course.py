@@ -152,7 +152,24 @@ def edited_locked_cells(name: str, student: str, root: Path = ROOT) -> list[str]
     found = _cells_by_id(root / "submitted" / student / name / f"{name}.ipynb")
     return sorted(gid for gid, cell in released.items()
                   if cell.metadata["nbgrader"].get("locked")
-                  and (gid not in found or found[gid].source != cell.source))
+                  and (gid not in found or (found[gid].source != cell.source
+                                            and not translated_from(found[gid], cell))))
+
+
+def translated_from(cell: nbformat.NotebookNode, released: nbformat.NotebookNode) -> bool:
+    """Whether `cell` is the released cell's translation, as a translated edition handed it
+    out and left unedited: student_pack.translate_assignment notes the md5 of the English it
+    translated and of its translation (`mha_translation`). Grading restores the English of
+    every locked cell anyway; this only keeps such a cell from being reported as edited."""
+    import hashlib
+
+    note = cell.get("metadata", {}).get("mha_translation") or {}
+
+    def md5(text: str) -> str:
+        return hashlib.md5(text.encode("utf-8")).hexdigest()
+
+    return (note.get("original_md5") == md5(released.source)
+            and note.get("md5") == md5(cell.source))
 
 
 def repaired(submission: nbformat.NotebookNode, release: nbformat.NotebookNode

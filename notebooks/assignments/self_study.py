@@ -6,7 +6,12 @@
 `start` copies the assignment's released notebook (no solutions, no hidden tests) into
 DIR/A1/ (DIR defaults to ~/attention-by-hand-work), after the student pack's leak check has
 found nothing of the solutions or hidden tests in it (its lesson links then point at the
-repository's lessons); it never overwrites your work.
+repository's lessons); it never overwrites your work. `start A1 --lang zh_CN`
+(`make assignment A=A1 LANG=zh_CN`) gives the same notebook with its instructions in Chinese
+(from the catalogs, as the Chinese student pack has them) and a `.mha-language` file beside it,
+so its Try-it messages answer in Chinese; its lesson links go to the Chinese lessons where
+`make lab-zh` wrote them (notebooks/zh_CN/), else to the English ones. `check` grades either
+edition the same way.
 `check` grades DIR/A1/NAME.ipynb with the course's own autograder (nbgrader, hidden tests
 and all), writes the feedback page to DIR/A1/feedback.html and prints its path and the score.
 
@@ -103,32 +108,51 @@ def leak_check(folder: Path, dest: Path) -> student_pack.LeakReport:
     return report
 
 
-def lessons_dir() -> Path:
-    """The repository's lessons, notebooks/."""
-    return student_pack.ROOT / "notebooks"
+def lessons_dir(lang: str = "en") -> Path:
+    """The repository's lessons, notebooks/; for zh_CN, the Chinese lessons that `make lab-zh`
+    writes (tools.book.i18n's notebooks/zh_CN/) when they are there."""
+    english = student_pack.ROOT / "notebooks"
+    translated = english / lang
+    if lang != "en" and (translated / "00_overview.ipynb").is_file():
+        return translated
+    return english
 
 
-def relink_lessons(nb_path: Path, dest: Path) -> None:
+def _relinker(dest: Path, lang: str = "en"):
+    """Markdown -> markdown with its lesson links (as in release/NAME/) pointing at the
+    lessons, as seen from `dest`."""
+    rel = Path(os.path.relpath(lessons_dir(lang), dest)).as_posix()
+    return lambda text: LESSON_LINK.sub(lambda m: f"]({rel}/{m.group(1)}", text)
+
+
+def relink_lessons(nb_path: Path, dest: Path, lang: str = "en") -> None:
     """Point a notebook's lesson links at the repository's lessons, as seen from `dest`."""
     import nbformat
 
-    rel = Path(os.path.relpath(lessons_dir(), dest)).as_posix()
+    relink = _relinker(dest, lang)
     nb = nbformat.read(nb_path, as_version=4)
     for cell in nb.cells:
         if cell.cell_type == "markdown":
-            cell.source = LESSON_LINK.sub(lambda m: f"]({rel}/{m.group(1)}", cell.source)
+            cell.source = relink(cell.source)
     nbformat.write(nb, nb_path)
 
 
-def lab_root(work: Path) -> Path:
+def lab_root(work: Path, lang: str = "en") -> Path:
     """Where to start JupyterLab so the work and its lesson links open: their common folder."""
     work = Path(work).expanduser().resolve()
-    common = Path(os.path.commonpath([work, lessons_dir()]))
+    common = Path(os.path.commonpath([work, lessons_dir(lang)]))
     return common if common != Path(common.anchor) else work
 
 
-def start(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None) -> Path:
-    """Copy the released notebook of `short` into WORK/A1/ (leak-checked); its path."""
+def start(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None,
+          lang: str = "en") -> Path:
+    """Copy the released notebook of `short` into WORK/A1/ (leak-checked); its path.
+
+    With `lang` (zh_CN): its instructions in that language (student_pack.translate_assignment:
+    code, answer stubs and nbgrader's grading cells as released) and `.mha-language` beside it.
+    """
+    if lang not in student_pack.LANGS:
+        raise ValueError(f"unknown language {lang!r}: choose one of {', '.join(student_pack.LANGS)}")
     name = resolve(short)
     dest = assignment_dir(name, work)
     notebook = dest / f"{name}.ipynb"
@@ -142,7 +166,11 @@ def start(short: str, work: Path = DEFAULT_WORK, cache: Path | None = None) -> P
         shutil.copytree(root / "release" / name, staged,
                         ignore=shutil.ignore_patterns(".*", "__pycache__"))
         for nb_path in staged.glob("*.ipynb"):
-            relink_lessons(nb_path, dest)
+            if lang != "en":
+                student_pack.translate_assignment(nb_path, lang, relink=_relinker(dest, lang))
+            relink_lessons(nb_path, dest, lang)
+        if lang != "en":
+            student_pack.write_marker(staged, lang)
         leak_check(staged, dest)
         dest.mkdir(exist_ok=True)
         for p in staged.rglob("*"):
@@ -210,11 +238,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cache", type=Path, default=None,
                     help="the private course's folder (default: self-study/ in the venv)")
     ap.add_argument("--open", action="store_true", help="open the feedback page in a browser")
+    ap.add_argument("--lang", choices=student_pack.LANGS, default="en",
+                    help="start: zh_CN gives the instructions in Chinese (check grades both alike)")
     args = ap.parse_args(argv)
     try:
         if args.command == "start":
-            path = start(args.name, args.work, args.cache)
-            print(f"started: {path}\nopen it: cd {lab_root(args.work)} && "
+            path = start(args.name, args.work, args.cache, args.lang)
+            print(f"started: {path}\nopen it: cd {lab_root(args.work, args.lang)} && "
                   f"{Path(sys.executable).parent / 'jupyter'} lab\n"
                   f"grade it: make check A={path.parent.name}"
                   + ("" if args.work == DEFAULT_WORK else f" WORK={args.work}"))

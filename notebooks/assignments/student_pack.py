@@ -1,6 +1,6 @@
 """Build the student pack: what students need to follow the course, and nothing a teacher keeps.
 
-    python notebooks/assignments/student_pack.py [--out DIR] [--no-release] [--no-archive]
+    python notebooks/assignments/student_pack.py [--out DIR] [--lang zh_CN] [--no-release] [--no-archive]
 
 `make student-pack` calls it. It first releases the assignments (`course.py release`:
 source/ -> release/, solutions and hidden tests removed), then copies an allowlist into
@@ -20,6 +20,15 @@ Nothing else goes in: not source/, course.py, nbgrader_config.py, the gradebook,
 feedback, reports, tests, benchmarks or hub configs. Before zipping it greps the pack for
 every solution region, model written answer and hidden test of source/ (`check_leaks`) and
 stops, without an archive, if it finds one.
+
+`--lang zh_CN` (`make student-pack LANG=zh_CN`) builds the Chinese edition beside it
+(dist/student-pack-zh_CN/, dist/attention-by-hand-student-zh_CN.zip): the lessons as
+tools.book.i18n translates them (same code cells and outputs, markdown from the catalogs in
+notebooks/locale/zh_CN/), the released assignments with their instructions translated
+(`translate_assignment`: code, answer stubs and nbgrader's grading cells as released), the
+README from its catalog student_readme.po (`--update-readme-catalog` after changing its
+English, then `python -m tools.book.i18n todo / fill student_readme`), and `.mha-language` in
+notebooks/ and each assignment's folder. A block without a valid translation stops it.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -42,6 +52,8 @@ INSTALL_FILES = ("requirements.txt", "pyproject.toml", "environment.yml", "tools
                  "tools/torch_build.py")
 LESSONS_GLOB = "notebooks/[0-9][0-9]_*.ipynb"
 README_TITLE = "# Attention by Hand: student pack"
+LANGS = ("en", "zh_CN")  # the editions: English, and the Chinese from the catalogs
+LANGUAGE_MARKER = ".mha-language"  # mha_course.i18n.MARKER: the Try-it checks answer in its language
 
 # nbgrader's markers (nbgrader_config.py keeps the defaults).
 MARKERS = {
@@ -179,17 +191,29 @@ clean:
 """
 
 
-def student_readme(lesson_paths: list[Path], assignment_paths: dict[str, Path]) -> str:
-    """The pack's README.md: install, what is where, how to hand in."""
-    lesson_rows = "\n".join(f"| `notebooks/{p.name}` | {_title(p)} |" for p in lesson_paths)
-    assignment_rows = "\n".join(f"| `notebooks/assignments/{name}/{name}.ipynb` | {_title(p)} |"
-                                for name, p in assignment_paths.items())
-    return f"""{README_TITLE}
+# --- the README, in each language -----------------------------------------------------------
+# The README's English is the source; its Chinese comes from a gettext catalog of its blocks,
+# notebooks/locale/zh_CN/LC_MESSAGES/student_readme.po, made and checked with the lessons' own
+# tooling (tools.book.i18n: blocks, `problems`, todo / fill). A changed English block has no
+# valid translation until it is translated again, and a Chinese pack is then refused
+# (`readme_catalog_problems`), never built half English.
+README_DOMAIN = "student_readme"
+README_HEAD = f"""{README_TITLE}
 
 Learn multi-head attention by building it: seven small numpy steps, each its own notebook,
 then the same module in PyTorch, then the road to production kernels; and graded
 assignments to hand in.
-
+"""
+# Only in a translated pack, after the introduction.
+EDITION_NOTE = """\
+This is the Chinese edition of the pack. The lessons, the assignments' instructions and this
+README are in Chinese; code, outputs and figures are those of the English edition. The
+`.mha-language` files in `notebooks/` and in each assignment's folder make the Try-it
+self-checks answer in Chinese (delete one for English there). Error messages of numpy, PyTorch
+and Python stay in English. Hand in your notebook as it is: it is graded exactly like the
+English one.
+"""
+README_BODY = """
 ## Install and open
 
 You need Python 3.11 and `make` (Linux or macOS; on Windows use WSL). In this folder:
@@ -217,8 +241,6 @@ CPU/MPS builds anyway.)
 
 | file | what it is |
 |---|---|
-{lesson_rows}
-{assignment_rows}
 | `src/mha/` | the library the lessons and assignments import (`make lab` installs it) |
 | `src/mha_course/` | the course's Try-it self-checks and pictures (installed with it) |
 | `tools/` | the installers `make lab` runs |
@@ -239,6 +261,122 @@ which lessons it builds on.
 4. Hand in that one file, keeping its name (`NAME.ipynb`), the way your teacher tells you
    (on a course JupyterHub: the *Assignments* tab, *Submit*).
 """
+TABLE_RULE = re.compile(r"^\|(?:[ \t]*:?-+:?[ \t]*\|)+[ \t]*$", re.M)  # a table's |---|---| line
+
+
+def readme_source(lang: str = "en") -> str:
+    """The README's English text for `lang` (the edition note only where it is translated),
+    without the rows of lessons and assignments, which come from the notebooks themselves."""
+    return README_HEAD + ("\n" + EDITION_NOTE if lang != "en" else "") + README_BODY
+
+
+def i18n_tools():
+    """tools.book.i18n, the lessons' translation tooling (catalogs, blocks, `problems`)."""
+    if str(ROOT) not in sys.path:
+        sys.path.insert(0, str(ROOT))
+    from tools.book import i18n
+
+    return i18n
+
+
+def missing_translations(text: str, cat) -> list[str]:
+    """The blocks of `text` (markdown) that `cat` gives no complete, valid translation for:
+    untranslated, fuzzy (the English changed) or failing tools.book.i18n's `problems`."""
+    i18n = i18n_tools()
+    missing = []
+    for block in i18n.split_blocks(text):
+        if not i18n.translatable(block):
+            continue
+        msg = cat.get(block) if cat is not None else None
+        if not (msg is not None and msg.string and not msg.fuzzy
+                and not i18n.problems(block, msg.string)):
+            missing.append(block)
+    return missing
+
+
+class Untranslated(RuntimeError):
+    """A translated pack or notebook was asked for, and some English has no valid translation."""
+
+
+def _refuse(domain: str, lang: str, missing: list[str]) -> None:
+    if missing:
+        todo = ("python notebooks/assignments/student_pack.py --update-readme-catalog, then "
+                if domain == README_DOMAIN else "")
+        raise Untranslated(
+            f"{domain}: {len(missing)} block(s) without a valid {lang} translation, first "
+            f"{missing[0][:120]!r} ({todo}python -m tools.book.i18n todo {domain} shows them)")
+
+
+def readme_catalog_problems(lang: str) -> list[str]:
+    """The README's blocks that `lang`'s catalog lacks or gets wrong (empty: complete)."""
+    return missing_translations(readme_source(lang), i18n_tools().read(README_DOMAIN, lang))
+
+
+def update_readme_catalog(lang: str) -> int:
+    """student_readme.po follows the English: new blocks added, changed ones fuzzy (their old
+    translation kept for the translator), gone ones dropped; as tools.book.i18n's `update`."""
+    from babel.messages.catalog import Catalog
+
+    i18n = i18n_tools()
+
+    def empty() -> Catalog:
+        return Catalog(locale=lang, domain=README_DOMAIN, project="Attention by Hand",
+                       msgid_bugs_address="", copyright_holder="", fuzzy=False)
+
+    tmpl = empty()
+    where = (Path(__file__).resolve().relative_to(ROOT).as_posix(), 0)
+    for block in i18n.split_blocks(readme_source(lang)):
+        if i18n.translatable(block) and block not in tmpl:
+            tmpl.add(block, "", locations=[where])
+    cat = i18n.read(README_DOMAIN, lang)
+    if cat is None:
+        cat = tmpl
+    else:
+        cat.update(tmpl, no_fuzzy_matching=False, update_header_comment=False)
+        ordered = empty()
+        for msg in tmpl:
+            if msg.id:
+                ordered[msg.id] = cat[msg.id]
+        cat = ordered
+    i18n.write(cat, README_DOMAIN, lang)
+    return sum(1 for m in cat if m.id)
+
+
+def readme_titles() -> tuple[str, ...]:
+    """The first line of a pack's README in every language with a catalog."""
+    titles = [README_TITLE]
+    try:
+        i18n = i18n_tools()
+        for lang in LANGS[1:]:
+            cat = i18n.read(README_DOMAIN, lang)
+            msg = cat.get(README_TITLE) if cat is not None else None
+            if msg is not None and msg.string:
+                titles.append(msg.string)
+    except ImportError:  # no babel: English only
+        pass
+    return tuple(titles)
+
+
+def student_readme(lesson_paths: list[Path], assignment_paths: dict[str, Path],
+                   lang: str = "en") -> str:
+    """The pack's README.md: install, what is where, how to hand in; in `lang`.
+
+    The lessons' and assignments' titles are read from the notebooks at the paths given (in
+    a translated pack, the translated notebooks), so they read as their own headings do.
+    """
+    text = readme_source(lang)
+    if lang != "en":
+        i18n = i18n_tools()
+        cat = i18n.read(README_DOMAIN, lang)
+        _refuse(README_DOMAIN, lang, missing_translations(text, cat))
+        text = i18n.translate_text(text, cat)
+    rows = [f"| `notebooks/{p.name}` | {_title(p)} |" for p in lesson_paths]
+    rows += [f"| `notebooks/assignments/{name}/{name}.ipynb` | {_title(p)} |"
+             for name, p in assignment_paths.items()]
+    rule = TABLE_RULE.search(text)
+    if rule is None:
+        raise ValueError("the README's table of files has no |---|---| line")
+    return text[:rule.end()] + "".join(f"\n{row}" for row in rows) + text[rule.end():]
 
 
 # --- building --------------------------------------------------------------------------------
@@ -264,8 +402,8 @@ def _clear(out: Path, repo: Path) -> None:
     if not out.exists():
         return
     readme = out / "README.md"
-    if any(out.iterdir()) and not (readme.is_file()
-                                   and readme.read_text().startswith(README_TITLE)):
+    if any(out.iterdir()) and not (readme.is_file() and readme.read_text(
+            encoding="utf-8", errors="replace").startswith(readme_titles())):
         raise ValueError(f"{out} exists and is not a student pack: choose another --out")
     shutil.rmtree(out)
 
@@ -292,9 +430,100 @@ def _relink_notebook(path: Path) -> None:
     nbformat.write(nb, path)
 
 
-def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
-          do_release: bool = True, archive: bool = True, check: bool = True) -> Pack:
-    """Release the assignments, copy the allowlist into `out`, check it, zip it beside `out`."""
+# --- a translated pack ---------------------------------------------------------------------
+def archive_name(lang: str = "en") -> str:
+    """The zip's name and top folder: attention-by-hand-student(-zh_CN)."""
+    return ARCHIVE_NAME if lang == "en" else f"{ARCHIVE_NAME}-{lang}"
+
+
+def default_out(lang: str = "en") -> Path:
+    """dist/student-pack/ for English, dist/student-pack-zh_CN/ for Chinese: both can coexist."""
+    return DEFAULT_OUT if lang == "en" else DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{lang}")
+
+
+def _is_answer(cell) -> bool:
+    """An nbgrader answer cell (its text is the student's, never translated)."""
+    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
+
+
+def translated(path: Path, lang: str):
+    """The notebook at `path` with its markdown in `lang` (tools.book.i18n.translated_notebook:
+    code cells, outputs, metadata and answer cells untouched), refused while any block of it has
+    no valid translation in its catalog (the notebook's stem)."""
+    import nbformat
+
+    i18n = i18n_tools()
+    cat = i18n.read(path.stem, lang)
+    nb = nbformat.read(path, as_version=4)
+    _refuse(path.stem, lang, [b for cell in nb.cells if cell.cell_type == "markdown"
+                              and not _is_answer(cell) for b in missing_translations(cell.source, cat)])
+    return i18n.translated_notebook(path, lang)
+
+
+def _md5(text: str) -> str:
+    import hashlib
+
+    return hashlib.md5(text.encode("utf-8")).hexdigest()
+
+
+def translate_assignment(path: Path, lang: str, relink=None) -> list[str]:
+    """Rewrite the released notebook at `path` with its instructions in `lang`, in place.
+
+    Only markdown that is not an answer cell changes (then `relink`, if given, re-points its
+    links); code cells, answer stubs, grade ids, points and the checksums of every other cell
+    stay as nbgrader released them. A locked instruction cell whose text changed gets the
+    checksum nbgrader computes for its new text (so nbgrader's Validate does not report it as
+    changed) and a note `mha_translation` with the md5 of the released English and of the
+    translation: `course.edited_locked_cells` reads it, so an untouched translated cell is
+    not reported as edited. Grading restores every locked cell from the gradebook's English
+    either way. Returns the grade ids of those cells.
+    """
+    import nbformat
+
+    english = nbformat.read(path, as_version=4)
+    nb = translated(path, lang)
+    locked = []
+    for before, cell in zip(english.cells, nb.cells, strict=True):
+        if relink is not None and cell.cell_type == "markdown" and not _is_answer(cell):
+            cell.source = relink(cell.source)
+        if cell.source == before.source:
+            continue
+        meta = cell.metadata.get("nbgrader", {})
+        if meta.get("grade") or meta.get("task") or meta.get("solution"):
+            raise ValueError(f"{path.name}: cell {meta.get('grade_id')} is graded; its text "
+                             "must not be translated")
+        if "checksum" in meta:
+            from nbgrader.utils import compute_checksum
+
+            cell.metadata["mha_translation"] = {"lang": lang, "original_md5": _md5(before.source),
+                                                "md5": _md5(cell.source)}
+            meta["checksum"] = compute_checksum(cell)
+            locked.append(meta["grade_id"])
+    nbformat.write(nb, path)
+    return locked
+
+
+def write_marker(folder: Path, lang: str) -> Path:
+    """`.mha-language` in `folder`: a kernel started there answers the Try-it checks in `lang`."""
+    marker = folder / LANGUAGE_MARKER
+    marker.write_text(lang + "\n", encoding="utf-8")
+    return marker
+
+
+def build(out: Path | None = None, repo: Path = ROOT, course: Path = COURSE, *,
+          do_release: bool = True, archive: bool = True, check: bool = True,
+          lang: str = "en") -> Pack:
+    """Release the assignments, copy the allowlist into `out`, check it, zip it beside `out`.
+
+    With `lang` (zh_CN), the lessons are the translated notebooks and the released assignments
+    carry translated instructions (markdown from the catalogs; code, outputs and nbgrader's
+    cells as released), the README is translated, and `.mha-language` in notebooks/ and in each
+    assignment's folder makes the Try-it checks answer in that language. Any English block
+    without a valid translation stops the build before anything is written.
+    """
+    if lang not in LANGS:
+        raise ValueError(f"lang must be one of {LANGS}, got {lang!r}")
+    out = default_out(lang) if out is None else out
     repo, course, out = repo.resolve(), course.resolve(), Path(out).resolve()
     if do_release:
         release(course)
@@ -302,6 +531,11 @@ def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
     if not lesson_paths:
         raise FileNotFoundError(f"no lessons match {repo / LESSONS_GLOB}")
     assignments = released(course)
+    if lang != "en":  # refuse before touching `out`: everything it needs must be translated
+        translations = {p.name: translated(p, lang) for p in lesson_paths}
+        _refuse(README_DOMAIN, lang, readme_catalog_problems(lang))
+        for name in assignments:
+            translated(course / "release" / name / f"{name}.ipynb", lang)
     _clear(out, repo)
 
     copies: dict[str, Path] = {}  # pack path -> where it comes from
@@ -318,18 +552,32 @@ def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
     for rel, src in copies.items():
         dest = out / rel
         dest.parent.mkdir(parents=True, exist_ok=True)
+        if lang != "en" and src in lesson_paths:
+            import nbformat
+
+            nbformat.write(translations[src.name], dest)  # a lesson, translated
+            continue
         shutil.copy2(src, dest)
         if rel.startswith("notebooks/assignments/") and rel.endswith(".ipynb"):
-            _relink_notebook(dest)
-    (out / "Makefile").write_text(STUDENT_MAKEFILE)
+            if lang != "en":
+                translate_assignment(dest, lang, relink=relink_lessons)
+            else:
+                _relink_notebook(dest)
+    if lang != "en":
+        write_marker(out / "notebooks", lang)
+        for name in assignments:
+            write_marker(out / "notebooks" / "assignments" / name, lang)
+    (out / "Makefile").write_text(STUDENT_MAKEFILE, encoding="utf-8")
     (out / "README.md").write_text(student_readme(
-        lesson_paths, {name: out / "notebooks" / "assignments" / name / f"{name}.ipynb"
-                       for name in assignments}))
+        [out / "notebooks" / p.name for p in lesson_paths],
+        {name: out / "notebooks" / "assignments" / name / f"{name}.ipynb" for name in assignments},
+        lang), encoding="utf-8")
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     pack = Pack(out, files)
 
     # Nothing that fails a check is left behind to be handed out: no folder, no archive.
-    zip_path = out.parent / f"{ARCHIVE_NAME}.zip"
+    top = archive_name(lang)
+    zip_path = out.parent / f"{top}.zip"
     zip_path.unlink(missing_ok=True)
     bad = forbidden(out)
     if bad:
@@ -344,7 +592,7 @@ def build(out: Path = DEFAULT_OUT, repo: Path = ROOT, course: Path = COURSE, *,
     if archive:
         with zipfile.ZipFile(zip_path, "w", zipfile.ZIP_DEFLATED) as z:
             for f in files:
-                z.write(out / f, f"{ARCHIVE_NAME}/{f}")
+                z.write(out / f, f"{top}/{f}")
         pack.archive = zip_path
     return pack
 
@@ -582,21 +830,48 @@ def check_leaks(folder: Path, source: Path = COURSE / "source", repo: Path = ROO
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", type=Path, default=DEFAULT_OUT,
-                    help=f"the pack's folder (default {DEFAULT_OUT.relative_to(ROOT)}); "
+    ap.add_argument("--out", type=Path, default=None,
+                    help=f"the pack's folder (default {DEFAULT_OUT.relative_to(ROOT)}, or "
+                         f"{default_out('zh_CN').relative_to(ROOT)} for --lang zh_CN); "
                          "the zip goes beside it")
+    ap.add_argument("--lang", choices=LANGS, default="en",
+                    help="zh_CN: the Chinese edition (lessons, instructions and README from the "
+                         "catalogs in notebooks/locale/)")
     ap.add_argument("--no-release", action="store_true",
                     help="use release/ as it is (skip course.py release)")
     ap.add_argument("--no-archive", action="store_true", help="the folder only, no zip")
+    ap.add_argument("--update-readme-catalog", action="store_true",
+                    help=f"only bring {README_DOMAIN}.po in line with the README's English "
+                         "(then: python -m tools.book.i18n todo / fill student_readme)")
+    ap.add_argument("--check-readme-catalog", action="store_true",
+                    help=f"only check {README_DOMAIN}.po: exit 1 on a block left untranslated, "
+                         "fuzzy or invalid")
     args = ap.parse_args(argv)
-    pack = build(args.out, do_release=not args.no_release, archive=not args.no_archive)
+    langs = [args.lang] if args.lang != "en" else list(LANGS[1:])
+    if args.update_readme_catalog:
+        for lang in langs:
+            n = update_readme_catalog(lang)
+            print(f"{i18n_tools().po_path(README_DOMAIN, lang).relative_to(ROOT)}: {n} messages, "
+                  f"{len(readme_catalog_problems(lang))} to translate")
+        return 0
+    if args.check_readme_catalog:
+        bad = {lang: readme_catalog_problems(lang) for lang in langs}
+        for lang, missing in bad.items():
+            print(f"{README_DOMAIN} ({lang}): {len(missing)} block(s) untranslated, fuzzy or invalid"
+                  + "".join(f"\n  {m[:100]!r}" for m in missing))
+        return 1 if any(bad.values()) else 0
+    try:
+        pack = build(args.out, do_release=not args.no_release, archive=not args.no_archive,
+                     lang=args.lang)
+    except Untranslated as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
     where = os.path.relpath(pack.folder)
     print(pack.leaks.summary() if pack.leaks else "")
     print(f"student pack: {where}/ ({len(pack.files)} files, {pack.size / 2**20:.1f} MiB)"
           + (f", {os.path.relpath(pack.archive)} ({pack.archive.stat().st_size / 2**20:.1f} MiB)"
              if pack.archive else ""))
     return 0
-
 
 if __name__ == "__main__":
     sys.exit(main())
