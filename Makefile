@@ -35,12 +35,12 @@ help:
 	@echo "make bench      time numpy vs torch SDPA backends (benchmarks/results/)"
 	@echo "make gpu-check  on a CUDA machine: CUDA tests, GPU lessons, SDPA + Triton benchmarks (benchmarks/results/gpu-check/)"
 	@echo "make assignments  build the students' versions of the graded assignments"
-	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers)"
+	@echo "make student-pack  dist/: lessons, released assignments, mha and install files for students (no answers; LANG=zh_CN: the Chinese edition)"
 	@echo "make grade      autograde $(COURSE)/submitted/, write feedback and grade CSVs (A=A1 STUDENT=alice)"
 	@echo "make report     feedback and CSVs again after hand-grading written answers"
 	@echo "make similarity A=A4  which submissions look copied from each other (reports/similarity_*.html)"
 	@echo "make canvas ROSTER=export.csv IDS=\"A4=123\"  the grades as Canvas's gradebook imports them"
-	@echo "make assignment A=A1  self-study: the released A1 (no answers) into $(WORK)/A1/"
+	@echo "make assignment A=A1  self-study: the released A1 (no answers) into $(WORK)/A1/ (LANG=zh_CN: in Chinese)"
 	@echo "make check A=A1       self-study: grade $(WORK)/A1/ with the course's autograder (OPEN=1 opens the feedback)"
 
 $(BIN)/python:
@@ -124,6 +124,7 @@ test: $(VENV)/.dev-installed lint i18n-check unit site-test
 i18n-check: $(VENV)/.dev-installed
 	$(BIN)/python -m tools.book.i18n stat --strict > /dev/null
 	$(BIN)/python -m tools.book.messages stat --strict > /dev/null
+	$(BIN)/python $(COURSE)/student_pack.py --check-readme-catalog > /dev/null
 
 lint: $(VENV)/.dev-installed
 	$(BIN)/ruff check src tests notebooks tools $(wildcard benchmarks)
@@ -182,8 +183,15 @@ assignments: $(VENV)/.dev-installed
 	$(BIN)/python $(COURSE)/course.py release
 
 # What to hand out: dist/student-pack/ and dist/attention-by-hand-student.zip, checked for leaks.
+# LANG=zh_CN: the Chinese edition (`make student-pack LANG=zh_CN`, `make assignment A=A1 LANG=zh_CN`).
+# Only that exact value counts: the shell's own LANG (en_US.UTF-8, zh_CN.UTF-8) chooses nothing.
+# Given on make's command line it also becomes the tools' locale (GB2312 where a zh_CN locale is
+# installed), so they run without it (`env -u LANG`: Python falls back to UTF-8).
+EDITION_ARGS = $(if $(filter zh_CN,$(LANG)),--lang zh_CN)
+EDITION_ENV  = $(if $(filter zh_CN,$(LANG)),env -u LANG )
+
 student-pack: $(VENV)/.dev-installed
-	$(BIN)/python $(COURSE)/student_pack.py
+	$(EDITION_ENV)$(BIN)/python $(COURSE)/student_pack.py $(EDITION_ARGS)
 
 # A=A1 (or several: A="A1 A3") grades one assignment, STUDENT=alice one student (both: both);
 # WORKERS=N sets the grading processes (default: one per core). Hand grades survive a regrade.
@@ -217,7 +225,7 @@ $(VENV)/.grader-installed: requirements-dev.txt $(VENV)/.lab-installed
 	@touch $@
 
 assignment: $(VENV)/.grader-installed
-	@$(BIN)/python $(COURSE)/self_study.py start $(A) --work "$(WORK)"
+	@$(EDITION_ENV)$(BIN)/python $(COURSE)/self_study.py start $(A) --work "$(WORK)" $(EDITION_ARGS)
 
 check: $(VENV)/.grader-installed
 	@$(BIN)/python $(COURSE)/self_study.py check $(A) --work "$(WORK)" $(if $(filter 1,$(OPEN)),--open,)
