@@ -25,11 +25,8 @@ from tools.book import messages
 RIGHT, NOT_YET, NOT_TRIED = "对了：", "还不对：", "还没试："
 CJK = re.compile(r"[\u3400-\u9fff]")
 
-# Try-it modules whose messages may still be English only (this set only shrinks, to nothing).
-STILL_ENGLISH = {
-    "flash_attention", "kv_cache", "padding_masks", "backward_pass",
-    "positions_and_variants", "generation", "serving", "attention_across_devices",
-}
+# Try-it modules whose messages may still be English only: none (every module has its catalog).
+STILL_ENGLISH: set[str] = set()
 
 
 def _translated() -> set[str]:
