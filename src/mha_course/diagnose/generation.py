@@ -45,7 +45,7 @@ from mha.modules import compose
 from mha.validate import shape_of
 from mha_course.diagnose import Diagnosis, _to_numpy
 from mha_course.diagnose import run_student as _run
-from mha_course.tryit import NotYet
+from mha_course.tryit import NotYet, words_of
 from mha_course.tryit.generation import judge_padded_positions
 
 
@@ -84,7 +84,7 @@ def positions_diagnosis(fn: Callable, cases: Sequence[tuple[Sequence[int], int]]
                 try:
                     judge_padded_positions(got, lengths, T)
                 except NotYet as e:
-                    problem = str(e).removeprefix("not yet: ")
+                    problem = words_of(str(e))  # either edition's prefix
                     problem = f"{call}: {problem}\n  yours {got.tolist()}"
                 else:
                     continue
