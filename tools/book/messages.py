@@ -190,12 +190,15 @@ def conflicts(lang: str = LANG) -> dict[str, dict[str, str]]:
 
     The catalogs are merged into one lookup at run time (`mha_course.i18n.catalog`), so a
     message shared by two modules must read the same in both."""
-    from mha_course.i18n import read_po
+    from babel.messages.pofile import read_po
 
     seen: dict[str, dict[str, str]] = {}
     for path in sorted((LOCALE_DIR / lang / "LC_MESSAGES").glob("*.po")):  # the Try-its' and
-        for msgid, msgstr in read_po(path).items():  # every other module's that i18n merges
-            seen.setdefault(msgid, {})[path.stem.removeprefix("tryit.")] = msgstr
+        with path.open("rb") as f:  # every other module's that i18n merges (babel, as tools
+            cat = read_po(f, locale=lang)  # never import the course: tests/test_layout.py)
+        for msg in cat:
+            if msg.id and msg.string and not msg.fuzzy:
+                seen.setdefault(msg.id, {})[path.stem.removeprefix("tryit.")] = msg.string
     return {k: v for k, v in seen.items() if len(set(v.values())) > 1}
 
 
