@@ -163,7 +163,7 @@ def _index(lang: str) -> str:
         return "\n".join([f"```{{toctree}}\n:caption: {caption}\n:maxdepth: 1\n", *docs, "```", ""])
 
     return "\n".join([
-        "# Attention by Hand" + ("（动手学多头注意力）" if lang == "zh_CN" else ""), "",
+        "# Attention by Hand", "",
         w["intro"], "", f'<p><a class="other-edition" href="{w["other_href"]}">{w["other"]}</a></p>', "",
         toc(w["lessons"], [p.stem for p in lessons()]),
         toc(w["assignments"], [f"assignments/{p.stem}" for p in assignments()]),
