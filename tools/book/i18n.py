@@ -169,12 +169,17 @@ def po_path(domain: str, lang: str = LANG) -> pathlib.Path:
     return LOCALE_DIR / lang / "LC_MESSAGES" / f"{domain}.po"
 
 
-def template(src: Source):
-    """A catalog of the document's blocks, in reading order, with where each occurs."""
+def empty_catalog(domain: str, lang: str = LANG):
+    """A catalog with the project's header and nothing in it."""
     from babel.messages.catalog import Catalog
 
-    cat = Catalog(locale=LANG, domain=src.domain, project="Attention by Hand",
-                  msgid_bugs_address="", copyright_holder="", fuzzy=False)
+    return Catalog(locale=lang, domain=domain, project="Attention by Hand", msgid_bugs_address="",
+                   copyright_holder="", fuzzy=False)
+
+
+def template(src: Source):
+    """A catalog of the document's blocks, in reading order, with where each occurs."""
+    cat = empty_catalog(src.domain)
     rel = src.path.relative_to(ROOT).as_posix()
     for where, text in src.texts():
         for block in split_blocks(text):
@@ -187,50 +192,42 @@ def template(src: Source):
     return cat
 
 
-def read(domain: str, lang: str = LANG):
-    """The catalog of a domain as it is on disk (None when there is none)."""
+# ---- catalogs on disk, for this module and tools.book.messages -------------------------------
+def read_catalog(path: pathlib.Path, domain: str, lang: str = LANG):
+    """The catalog at `path` (None when there is none)."""
     from babel.messages.pofile import read_po
 
-    path = po_path(domain, lang)
     if not path.exists():
         return None
     with path.open("rb") as f:
         return read_po(f, locale=lang, domain=domain)
 
 
-def write(cat, domain: str, lang: str = LANG) -> None:
+def write_catalog(cat, path: pathlib.Path) -> None:
+    """Write a catalog unwrapped, in its own order, obsolete entries dropped."""
     from babel.messages.pofile import write_po
 
-    path = po_path(domain, lang)
+    for msg in cat:
+        if not msg.fuzzy:
+            msg.previous_id = ()  # the old English is kept only while it helps re-translate
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("wb") as f:
         write_po(f, cat, width=0, omit_header=False, ignore_obsolete=True, include_previous=True,
                  sort_output=False)
 
 
-def update(domains: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
-    """Bring catalogs (all, or `domains`) in line with their English: new blocks added, changed ones fuzzy, gone ones dropped."""
-    counts = {}
-    for src in sources():
-        if domains and src.domain not in domains:
-            continue
-        tmpl = template(src)
-        cat = read(src.domain, lang)
-        if cat is None:
-            cat = tmpl
-        else:
-            cat.update(tmpl, no_fuzzy_matching=False, update_header_comment=False)
-            # Keep reading order: the template's, not the old catalog's.
-            from babel.messages.catalog import Catalog
-            ordered = Catalog(locale=lang, domain=src.domain, project="Attention by Hand",
-                              msgid_bugs_address="", copyright_holder="", fuzzy=False)
-            for msg in tmpl:
-                if msg.id:
-                    ordered[msg.id] = cat[msg.id]
-            cat = ordered
-        write(cat, src.domain, lang)
-        counts[src.domain] = sum(1 for m in cat if m.id)
-    return counts
+def merged(cat, tmpl, domain: str, lang: str = LANG):
+    """`cat` brought in line with `tmpl` (babel: changed English turns fuzzy), in tmpl's order."""
+    if cat is None:
+        return tmpl
+    created = cat.creation_date  # unchanged English leaves the file unchanged
+    cat.update(tmpl, no_fuzzy_matching=False, update_header_comment=False)
+    ordered = empty_catalog(domain, lang)
+    ordered.creation_date = created
+    for msg in tmpl:
+        if msg.id:
+            ordered[msg.id] = cat[msg.id]
+    return ordered
 
 
 @dataclass
@@ -250,36 +247,89 @@ class Stat:
         return not self.missing and self.fuzzy == self.untranslated == self.invalid == 0
 
 
+def count(st: Stat, tmpl, cat, check, words, verbose: bool = False) -> Stat:
+    """Fill `st` by comparing a catalog with its template: `check(english, chinese)` lists problems."""
+    if cat is None:
+        st.missing = any(m.id for m in tmpl)
+        st.untranslated = sum(1 for m in tmpl if m.id)
+        return st
+    for msg in tmpl:
+        if not msg.id:
+            continue
+        st.words += words(msg.id)
+        have = cat.get(msg.id)
+        if have is None or not have.string:
+            st.untranslated += 1
+        elif have.fuzzy:
+            st.fuzzy += 1
+        elif bad := check(msg.id, have.string):
+            st.invalid += 1
+            if verbose:
+                print(f"{st.domain}: {bad}\n  {msg.id[:100]!r}", file=sys.stderr)
+        else:
+            st.translated += 1
+    return st
+
+
+def todo_text(cat, check, everything: bool = False) -> str:
+    """The untranslated, fuzzy or invalid messages of a catalog as `@@ N` blocks (N: its index)."""
+    parts = []
+    for i, msg in enumerate(m for m in cat if m.id):
+        if everything or not msg.string or msg.fuzzy or check(msg.id, msg.string):
+            note = " (fuzzy: the English changed; old translation below)" if msg.fuzzy else ""
+            parts.append(f"@@ {i}{note}\n{msg.id}\n" + (f"@@@ old\n{msg.string}\n" if msg.string else ""))
+    return "\n".join(parts)
+
+
+def fill_catalog(cat, translations: dict[int, str], check) -> list[str]:
+    """Put translations into a catalog by index, each checked first; returns what was refused."""
+    msgs = [m for m in cat if m.id]
+    refused = []
+    for i, text in sorted(translations.items()):
+        if not 0 <= i < len(msgs):
+            refused.append(f"@@ {i}: no such entry (the catalog has {len(msgs)})")
+            continue
+        msg = msgs[i]
+        bad = check(msg.id, text)
+        if bad:
+            refused.append(f"@@ {i}: {'; '.join(bad)}")
+            continue
+        msg.string = text
+        msg.flags.discard("fuzzy")
+        msg.previous_id = ()
+    return refused
+
+
+# ---- the series' catalogs ------------------------------------------------------------------------
+def read(domain: str, lang: str = LANG):
+    """The catalog of a domain as it is on disk (None when there is none)."""
+    return read_catalog(po_path(domain, lang), domain, lang)
+
+
+def write(cat, domain: str, lang: str = LANG) -> None:
+    write_catalog(cat, po_path(domain, lang))
+
+
+def update(domains: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
+    """Bring catalogs (all, or `domains`) in line with their English: new blocks added, changed ones fuzzy, gone ones dropped."""
+    counts = {}
+    for src in sources():
+        if domains and src.domain not in domains:
+            continue
+        cat = merged(read(src.domain, lang), template(src), src.domain, lang)
+        write(cat, src.domain, lang)
+        counts[src.domain] = sum(1 for m in cat if m.id)
+    return counts
+
+
+def _words(block: str) -> int:
+    return len(re.findall(r"[A-Za-z]+", _prose(block)))
+
+
 def stat(lang: str = LANG, verbose: bool = False) -> list[Stat]:
     """Per document: translated, fuzzy, untranslated and invalid entries, checked against the English."""
-    out = []
-    for src in sources():
-        st = Stat(src.domain)
-        cat = read(src.domain, lang)
-        tmpl = template(src)
-        if cat is None:
-            st.missing = True
-            st.untranslated = sum(1 for m in tmpl if m.id)
-            out.append(st)
-            continue
-        for msg in tmpl:
-            if not msg.id:
-                continue
-            st.words += len(re.findall(r"[A-Za-z]+", _prose(msg.id)))
-            have = cat.get(msg.id)
-            if have is None or not have.string:
-                st.untranslated += 1
-            elif have.fuzzy:
-                st.fuzzy += 1
-            elif problems(msg.id, have.string):
-                st.invalid += 1
-                if verbose:
-                    print(f"{src.domain}: {problems(msg.id, have.string)}\n  {msg.id[:100]!r}",
-                          file=sys.stderr)
-            else:
-                st.translated += 1
-        out.append(st)
-    return out
+    return [count(Stat(src.domain), template(src), read(src.domain, lang), problems, _words, verbose)
+            for src in sources()]
 
 
 # ---- translators' round trip -----------------------------------------------------------------
@@ -288,12 +338,7 @@ def todo(domain: str, lang: str = LANG, everything: bool = False) -> str:
     cat = read(domain, lang)
     if cat is None:
         raise SystemExit(f"no catalog for {domain!r}: run `python -m tools.book.i18n update` first")
-    parts = []
-    for i, msg in enumerate(m for m in cat if m.id):
-        if everything or not msg.string or msg.fuzzy or problems(msg.id, msg.string):
-            note = " (fuzzy: the English changed; old translation below)" if msg.fuzzy else ""
-            parts.append(f"@@ {i}{note}\n{msg.id}\n" + (f"@@@ old\n{msg.string}\n" if msg.string else ""))
-    return "\n".join(parts)
+    return todo_text(cat, problems, everything)
 
 
 def parse_blocks(text: str) -> dict[int, str]:
@@ -309,20 +354,7 @@ def fill(domain: str, translations: dict[int, str], lang: str = LANG) -> list[st
     cat = read(domain, lang)
     if cat is None:
         raise SystemExit(f"no catalog for {domain!r}")
-    msgs = [m for m in cat if m.id]
-    refused = []
-    for i, text in sorted(translations.items()):
-        if not 0 <= i < len(msgs):
-            refused.append(f"@@ {i}: no such entry (the catalog has {len(msgs)})")
-            continue
-        msg = msgs[i]
-        bad = problems(msg.id, text)
-        if bad:
-            refused.append(f"@@ {i}: {'; '.join(bad)}")
-            continue
-        msg.string = text
-        msg.flags.discard("fuzzy")
-        msg.previous_id = ()
+    refused = fill_catalog(cat, translations, problems)
     write(cat, domain, lang)
     return refused
 

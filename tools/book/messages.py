@@ -26,7 +26,19 @@ import string
 import sys
 from collections import Counter
 
-from tools.book.i18n import CJK, LANG, Stat, parse_blocks
+from tools.book.i18n import (
+    CJK,
+    LANG,
+    Stat,
+    count,
+    empty_catalog,
+    fill_catalog,
+    merged,
+    parse_blocks,
+    read_catalog,
+    todo_text,
+    write_catalog,
+)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 TRYIT = ROOT / "src" / "mha_course" / "tryit"
@@ -62,10 +74,7 @@ def extract(module: str) -> list[tuple[str, int]]:
 
 
 def template(module: str):
-    from babel.messages.catalog import Catalog
-
-    cat = Catalog(locale=LANG, domain=domain(module), project=PROJECT, msgid_bugs_address="",
-                  copyright_holder="", fuzzy=False)
+    cat = empty_catalog(domain(module))
     rel = (TRYIT / f"{module}.py").relative_to(ROOT).as_posix()
     for msgid, line in extract(module):
         cat.add(msgid, "", locations=[(rel, line)])
@@ -73,23 +82,11 @@ def template(module: str):
 
 
 def read(module: str, lang: str = LANG):
-    from babel.messages.pofile import read_po
-
-    path = po_path(module, lang)
-    if not path.exists():
-        return None
-    with path.open("rb") as f:
-        return read_po(f, locale=lang, domain=domain(module))
+    return read_catalog(po_path(module, lang), domain(module), lang)
 
 
 def write(cat, module: str, lang: str = LANG) -> None:
-    from babel.messages.pofile import write_po
-
-    path = po_path(module, lang)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("wb") as f:
-        write_po(f, cat, width=0, omit_header=False, ignore_obsolete=True, include_previous=True,
-                 sort_output=False)
+    write_catalog(cat, po_path(module, lang))
 
 
 def fields(text: str) -> Counter | None:
@@ -126,8 +123,6 @@ def problems(english: str, chinese: str) -> list[str]:
 
 def update(mods: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
     """Catalogs follow the code: new messages added, changed ones fuzzy, gone ones dropped."""
-    from babel.messages.catalog import Catalog
-
     counts = {}
     for module in modules():
         if mods and module not in mods:
@@ -135,17 +130,7 @@ def update(mods: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
         tmpl = template(module)
         if not len(tmpl) and not po_path(module, lang).exists():
             continue  # a module with no messages yet
-        cat = read(module, lang)
-        if cat is None:
-            cat = tmpl
-        else:
-            cat.update(tmpl, no_fuzzy_matching=False, update_header_comment=False)
-            ordered = Catalog(locale=lang, domain=domain(module), project=PROJECT,
-                              msgid_bugs_address="", copyright_holder="", fuzzy=False)
-            for msg in tmpl:
-                if msg.id:
-                    ordered[msg.id] = cat[msg.id]
-            cat = ordered
+        cat = merged(read(module, lang), tmpl, domain(module), lang)
         write(cat, module, lang)
         counts[module] = sum(1 for m in cat if m.id)
     return counts
@@ -153,36 +138,9 @@ def update(mods: list[str] | None = None, lang: str = LANG) -> dict[str, int]:
 
 def stat(lang: str = LANG, verbose: bool = False, mods: list[str] | None = None) -> list[Stat]:
     """Per module: translated, fuzzy, untranslated and invalid messages, checked against the code."""
-    out = []
-    for module in modules():
-        if mods and module not in mods:
-            continue
-        st = Stat(module)
-        tmpl = template(module)
-        cat = read(module, lang)
-        if cat is None:
-            st.missing = bool(len(tmpl))
-            st.untranslated = sum(1 for m in tmpl if m.id)
-            out.append(st)
-            continue
-        for msg in tmpl:
-            if not msg.id:
-                continue
-            st.words += len(msg.id.split())
-            have = cat.get(msg.id)
-            if have is None or not have.string:
-                st.untranslated += 1
-            elif have.fuzzy:
-                st.fuzzy += 1
-            elif problems(msg.id, have.string):
-                st.invalid += 1
-                if verbose:
-                    print(f"{module}: {problems(msg.id, have.string)}\n  {msg.id[:100]!r}",
-                          file=sys.stderr)
-            else:
-                st.translated += 1
-        out.append(st)
-    return out
+    return [count(Stat(module), template(module), read(module, lang), problems,
+                  lambda msgid: len(msgid.split()), verbose)
+            for module in modules() if not mods or module in mods]
 
 
 def conflicts(lang: str = LANG) -> dict[str, dict[str, str]]:
@@ -207,12 +165,7 @@ def todo(module: str, lang: str = LANG, everything: bool = False) -> str:
     cat = read(module, lang)
     if cat is None:
         raise SystemExit(f"no catalog for {module!r}: run `python -m tools.book.messages update` first")
-    parts = []
-    for i, msg in enumerate(m for m in cat if m.id):
-        if everything or not msg.string or msg.fuzzy or problems(msg.id, msg.string):
-            note = " (fuzzy: the English changed; old translation below)" if msg.fuzzy else ""
-            parts.append(f"@@ {i}{note}\n{msg.id}\n" + (f"@@@ old\n{msg.string}\n" if msg.string else ""))
-    return "\n".join(parts)
+    return todo_text(cat, problems, everything)
 
 
 def fill(module: str, translations: dict[int, str], lang: str = LANG) -> list[str]:
@@ -220,20 +173,7 @@ def fill(module: str, translations: dict[int, str], lang: str = LANG) -> list[st
     cat = read(module, lang)
     if cat is None:
         raise SystemExit(f"no catalog for {module!r}")
-    msgs = [m for m in cat if m.id]
-    refused = []
-    for i, text in sorted(translations.items()):
-        if not 0 <= i < len(msgs):
-            refused.append(f"@@ {i}: no such entry (the catalog has {len(msgs)})")
-            continue
-        msg = msgs[i]
-        bad = problems(msg.id, text)
-        if bad:
-            refused.append(f"@@ {i}: {'; '.join(bad)}")
-            continue
-        msg.string = text
-        msg.flags.discard("fuzzy")
-        msg.previous_id = ()
+    refused = fill_catalog(cat, translations, problems)
     write(cat, module, lang)
     return refused
 
