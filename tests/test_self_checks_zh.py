@@ -19,7 +19,7 @@ from mha_course import i18n
 from mha_course.i18n import use_language
 from mha_course.tryit import NotYet, Verdict
 from tests.self_checks import Case
-from tests.test_self_checks import CASES
+from tests.test_self_checks import CASES, _verdict
 from tools.book import messages
 
 RIGHT, NOT_YET, NOT_TRIED = "对了：", "还不对：", "还没试："
@@ -38,13 +38,9 @@ ZH_CASES = [c for c in CASES if c.name.split(".")[0] in _translated()]
 
 
 def _said(case: Case, args: tuple, lang: str = "zh_CN") -> Verdict:
+    """The check's verdict in `lang`, returned as plain text (the English contract's `_verdict`)."""
     with use_language(lang):
-        try:
-            said = case.check(*args)
-        except NotYet as raised:
-            pytest.fail(f"{case.name} raised its verdict (a traceback for the student): {raised}")
-    assert isinstance(said, Verdict), f"{case.name} returned {type(said).__name__}, not a Verdict"
-    return said
+        return _verdict(case, args)
 
 
 def test_every_tryit_module_has_a_catalog():

@@ -131,14 +131,9 @@ GLOSS_EXEMPT: dict[tuple[str, str], str] = {}
 
 def _prose(block: str) -> str:
     """The block without code, maths, link targets, HTML tags and URLs (they stay English)."""
-    s = re.sub(r"(```|~~~).*?(\1|\Z)", " ", block, flags=re.S)
-    s = re.sub(r"`[^`]*`", " ", s)
-    s = re.sub(r"\$\$.*?\$\$|\$[^$]*\$", " ", s, flags=re.S)
-    s = re.sub(r"\]\([^)]*\)", "]", s)
-    s = re.sub(r"https?://\S+", " ", s)
-    # the seed articles' titles, 《...》, and their English renderings, ("...") beside them
-    s = re.sub(r"《[^》]*》|\(\s*[\"“][^\"”]*[\"”][^()]*\)", " ", s)
-    return re.sub(r"<[^>]+>", " ", s)
+    s = i18n._prose(block)  # what a translation translates: no code, maths, links, tags or URLs
+    # nor the seed articles' titles, 《...》, and their English renderings, ("...") beside them
+    return re.sub(r"《[^》]*》|\(\s*[\"“][^\"”]*[\"”][^()]*\)", " ", s)
 
 
 def domains() -> list[str]:
