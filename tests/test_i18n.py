@@ -124,6 +124,10 @@ def test_chinese_notebooks_keep_code_and_outputs_and_reach_files_from_their_fold
     assert (out / ".mha-language").read_text().strip() == "zh_CN"
 
 
+def test_a_line_break_between_chinese_characters_is_not_shown_as_a_space():
+    assert i18n.unwrap("就是\n把 rank $r$ 的消息\n$j$ 项。\n- 下一项") == "就是把 rank $r$ 的消息\n$j$ 项。\n- 下一项"
+
+
 def test_an_untranslated_block_falls_back_to_english_in_the_notebook(sandbox):
     i18n.update()
     i18n.fill("05_mask", {0: "# 05 · 掩码"})

@@ -360,13 +360,22 @@ def fill(domain: str, translations: dict[int, str], lang: str = LANG) -> list[st
 
 
 # ---- the Chinese notebooks -------------------------------------------------------------------
+WIDE = "\u3000-\u303f\u3400-\u9fff\uff00-\uffef"  # CJK ideographs and full-width punctuation
+CJK_BREAK = re.compile(f"(?<=[{WIDE}])\n(?=[{WIDE}])")
+
+
+def unwrap(chinese: str) -> str:
+    """A line break between two Chinese characters removed: a browser shows it as a space."""
+    return CJK_BREAK.sub("", chinese)
+
+
 def translate_text(text: str, cat) -> str:
     """Markdown with every block that has a complete, valid translation replaced by it."""
     out = []
     for block in split_blocks(text):
         msg = cat.get(block) if cat is not None and translatable(block) else None
         ok = msg is not None and msg.string and not msg.fuzzy and not problems(block, msg.string)
-        out.append(msg.string if ok else block)
+        out.append(unwrap(msg.string) if ok else block)
     return "".join(out)
 
 
