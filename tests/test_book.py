@@ -318,6 +318,8 @@ def test_book_in_chromium_the_explorer_lesson(server, browser, lang, theme):
     page.wait_for_function("() => { const i = document.querySelector('img.widget-image');"
                            " return i && i.naturalWidth > 100; }", timeout=60_000)
     assert page.locator(".widget-slider").count() >= 3
+    note = page.locator("article .admonition.note").first.inner_text()
+    assert ("launch button" in note) if lang == "en" else ("启动按钮" in note), note  # sliders need a kernel
     # Launch buttons are links (nothing is fetched until a reader clicks one).
     assert page.locator('a[href*="mybinder.org"]').count() >= 1
     page.locator("article").first.scroll_into_view_if_needed()

@@ -45,6 +45,9 @@ WORDS = {  # the few words the build itself writes, in each edition
                   "(`make lab-zh` for the Chinese notebooks), or use the launch button at the "
                   "top of a lesson."),
         "other": "这本书的中文版", "other_href": "../zh_CN/index.html",
+        "widget_note": ("The sliders on this page show the state they were saved in; they move "
+                        "only with a running kernel: open the lesson with the launch button above, "
+                        "or in JupyterLab (`make lab`)."),
         "assignment_note": ("The students' version of the assignment (no answers, no hidden "
                             "tests). Take it with `make assignment A={name}` and check it with "
                             "`make check A={name}`."),
@@ -67,6 +70,8 @@ WORDS = {  # the few words the build itself writes, in each edition
                   "页面上的每个数字都在 CI 重新运行系列时检查过。想运行代码、拖动滑块，请克隆仓库并运行 "
                   "`make lab-zh`（中文笔记本），或者点课程页顶部的启动按钮。"),
         "other": "English edition", "other_href": "../en/index.html",
+        "widget_note": ("本页的滑块显示的是保存时的状态，只有连着运行中的内核才能拖动：用上方的启动按钮打开"
+                        "这一课，或在 JupyterLab 里打开（`make lab-zh`）。"),
         "assignment_note": ("这是作业的学生版（没有答案，也没有隐藏测试）。用 "
                             "`make assignment A={name}` 领取，用 `make check A={name}` 自查。"),
         "checks_intro": ("本页在构建时生成，不是手写的。**运行时间**：最近一次 `make test` 中 nbval "
@@ -238,6 +243,12 @@ def _normal(path: str) -> str:
     return "/".join(parts)
 
 
+def _title_cell(nb) -> int:
+    """The index of the cell holding the page's `# ` title (-1 when none)."""
+    return next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
+                 and c.source.lstrip().startswith("# ")), -1)
+
+
 def stage(lang: str, dest: pathlib.Path, junit: pathlib.Path | None = None) -> None:
     """Write one edition's Sphinx sources into `dest`: notebooks, pages, index, static files."""
     import nbformat
@@ -250,15 +261,18 @@ def stage(lang: str, dest: pathlib.Path, junit: pathlib.Path | None = None) -> N
     staged = {}  # stem -> (English notebook, staged notebook, where it goes, its folder in the repo)
     for path in lessons():
         nb = nbformat.read(path, as_version=4)
-        staged[path.stem] = (nb, _markdown(nb, lang, path.stem), dest / path.name, "notebooks")
+        here = _markdown(nb, lang, path.stem)
+        if "widgets" in nb.metadata:  # a page with sliders says they need a kernel
+            note = nbformat.v4.new_markdown_cell(f"```{{note}}\n{WORDS[lang]['widget_note']}\n```")
+            note.metadata["tags"] = ["widget-note"]
+            here.cells.insert(_title_cell(here) + 1, note)
+        staged[path.stem] = (nb, here, dest / path.name, "notebooks")
     for path in assignments():
         english = student_version(path)
         _assignment_links(english)
         nb = _markdown(english, lang, path.stem)
         note = nbformat.v4.new_markdown_cell(WORDS[lang]["assignment_note"].format(name=path.stem[:2]))
-        title = next((i for i, c in enumerate(nb.cells) if c.cell_type == "markdown"
-                      and c.source.lstrip().startswith("# ")), -1)
-        nb.cells.insert(title + 1, note)
+        nb.cells.insert(_title_cell(nb) + 1, note)
         staged[path.stem] = (english, nb, dest / "assignments" / path.name,
                              path.parent.relative_to(ROOT).as_posix())
     anchors = {stem: _anchor_map(en, nb) for stem, (en, nb, _, _) in staged.items()}
