@@ -100,7 +100,7 @@ def test_the_chinese_assignments_change_only_their_instructions(packs):
         for i, (e, c) in enumerate(zip(english.cells, chinese.cells, strict=True)):
             where = f"{name} cell {i}"
             meta_e, meta_c = e.metadata.get("nbgrader", {}), c.metadata.get("nbgrader", {})
-            if e.cell_type == "code" or sp._is_answer(e):
+            if e.cell_type == "code" or sp.i18n_tools().is_answer_cell(e):
                 assert _code_view(e) == _code_view(c), f"{where}: a code or answer cell changed"
                 continue
             assert c.source == sp.relink_lessons(i18n.translate_text(release.cells[i].source, cat))
@@ -334,7 +334,7 @@ def test_start_in_chinese_gives_chinese_instructions_and_the_marker(started_zh):
     assert not (english_path.parent / sp.LANGUAGE_MARKER).exists()
     mine, english = (nbformat.read(p, as_version=4) for p in (notebook, english_path))
     for e, c in zip(english.cells, mine.cells, strict=True):
-        if e.cell_type == "code" or sp._is_answer(e):
+        if e.cell_type == "code" or sp.i18n_tools().is_answer_cell(e):
             assert e == c
         elif _prose_blocks(e.source):
             assert CJK.search(c.source) and not any(b in c.source for b in _prose_blocks(e.source))

@@ -282,16 +282,7 @@ def i18n_tools():
 def missing_translations(text: str, cat) -> list[str]:
     """The blocks of `text` (markdown) that `cat` gives no complete, valid translation for:
     untranslated, fuzzy (the English changed) or failing tools.book.i18n's `problems`."""
-    i18n = i18n_tools()
-    missing = []
-    for block in i18n.split_blocks(text):
-        if not i18n.translatable(block):
-            continue
-        msg = cat.get(block) if cat is not None else None
-        if not (msg is not None and msg.string and not msg.fuzzy
-                and not i18n.problems(block, msg.string)):
-            missing.append(block)
-    return missing
+    return i18n_tools().missing(text, cat)
 
 
 class Untranslated(RuntimeError):
@@ -315,29 +306,13 @@ def readme_catalog_problems(lang: str) -> list[str]:
 def update_readme_catalog(lang: str) -> int:
     """student_readme.po follows the English: new blocks added, changed ones fuzzy (their old
     translation kept for the translator), gone ones dropped; as tools.book.i18n's `update`."""
-    from babel.messages.catalog import Catalog
-
     i18n = i18n_tools()
-
-    def empty() -> Catalog:
-        return Catalog(locale=lang, domain=README_DOMAIN, project="Attention by Hand",
-                       msgid_bugs_address="", copyright_holder="", fuzzy=False)
-
-    tmpl = empty()
+    tmpl = i18n.empty_catalog(README_DOMAIN, lang)
     where = (Path(__file__).resolve().relative_to(ROOT).as_posix(), 0)
     for block in i18n.split_blocks(readme_source(lang)):
         if i18n.translatable(block) and block not in tmpl:
             tmpl.add(block, "", locations=[where])
-    cat = i18n.read(README_DOMAIN, lang)
-    if cat is None:
-        cat = tmpl
-    else:
-        cat.update(tmpl, no_fuzzy_matching=False, update_header_comment=False)
-        ordered = empty()
-        for msg in tmpl:
-            if msg.id:
-                ordered[msg.id] = cat[msg.id]
-        cat = ordered
+    cat = i18n.merged(i18n.read(README_DOMAIN, lang), tmpl, README_DOMAIN, lang)
     i18n.write(cat, README_DOMAIN, lang)
     return sum(1 for m in cat if m.id)
 
@@ -441,11 +416,6 @@ def default_out(lang: str = "en") -> Path:
     return DEFAULT_OUT if lang == "en" else DEFAULT_OUT.with_name(f"{DEFAULT_OUT.name}-{lang}")
 
 
-def _is_answer(cell) -> bool:
-    """An nbgrader answer cell (its text is the student's, never translated)."""
-    return bool(cell.get("metadata", {}).get("nbgrader", {}).get("solution"))
-
-
 def translated(path: Path, lang: str):
     """The notebook at `path` with its markdown in `lang` (tools.book.i18n.translated_notebook:
     code cells, outputs, metadata and answer cells untouched), refused while any block of it has
@@ -456,7 +426,7 @@ def translated(path: Path, lang: str):
     cat = i18n.read(path.stem, lang)
     nb = nbformat.read(path, as_version=4)
     _refuse(path.stem, lang, [b for cell in nb.cells if cell.cell_type == "markdown"
-                              and not _is_answer(cell) for b in missing_translations(cell.source, cat)])
+                              and not i18n.is_answer_cell(cell) for b in missing_translations(cell.source, cat)])
     return i18n.translated_notebook(path, lang)
 
 
@@ -484,7 +454,7 @@ def translate_assignment(path: Path, lang: str, relink=None) -> list[str]:
     nb = translated(path, lang)
     locked = []
     for before, cell in zip(english.cells, nb.cells, strict=True):
-        if relink is not None and cell.cell_type == "markdown" and not _is_answer(cell):
+        if relink is not None and cell.cell_type == "markdown" and not i18n_tools().is_answer_cell(cell):
             cell.source = relink(cell.source)
         if cell.source == before.source:
             continue

@@ -13,7 +13,6 @@ Library error messages (numpy's, PyTorch's, `mha`'s own) stay English in both ed
 
 from __future__ import annotations
 
-import ast
 import contextlib
 import functools
 import os
@@ -51,25 +50,11 @@ def use_language(lang: str) -> Iterator[None]:
 
 def read_po(path: pathlib.Path) -> dict[str, str]:
     """msgid -> msgstr of a gettext catalog, leaving out empty, fuzzy and obsolete entries."""
-    entries: dict[str, str] = {}
-    for group in path.read_text(encoding="utf-8").split("\n\n"):
-        lines = [line.strip() for line in group.splitlines()]
-        if any(line.startswith("#,") and "fuzzy" in line for line in lines):
-            continue
-        parts: dict[str, list[str]] = {}
-        field = None
-        for line in lines:
-            if line.startswith(("msgid ", "msgstr ")):
-                field, _, rest = line.partition(" ")
-                parts[field] = [ast.literal_eval(rest)]
-            elif line.startswith('"') and field is not None:
-                parts[field].append(ast.literal_eval(line))
-            elif line.startswith("#"):
-                field = None  # comments, locations, previous ids (#|) and obsolete entries (#~)
-        key, value = "".join(parts.get("msgid", [])), "".join(parts.get("msgstr", []))
-        if key and value:
-            entries[key] = value
-    return entries
+    from babel.messages.pofile import read_po as babel_read_po  # requirements.txt
+
+    with path.open("rb") as f:
+        cat = babel_read_po(f)
+    return {m.id: m.string for m in cat if m.id and m.string and not m.fuzzy}
 
 
 @functools.cache

@@ -14,7 +14,6 @@ the staged sources those are sibling documents, so myst-nb turns them into page 
 
 from __future__ import annotations
 
-import copy
 import pathlib
 import re
 import shutil
@@ -126,14 +125,7 @@ def student_version(path: pathlib.Path):
 
 def _markdown(nb, lang: str, domain: str):
     """The notebook's markdown in `lang` (English as it is)."""
-    if lang == "en":
-        return nb
-    cat = i18n.read(domain, lang)
-    out = copy.deepcopy(nb)
-    for cell in out.cells:
-        if cell.cell_type == "markdown" and not i18n._is_answer_cell(cell):
-            cell.source = i18n.translate_text(cell.source, cat)
-    return out
+    return nb if lang == "en" else i18n.translate_notebook(nb, i18n.read(domain, lang), lang)
 
 
 def _assignment_links(nb) -> None:

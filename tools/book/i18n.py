@@ -147,11 +147,11 @@ class Source:
 
         nb = nbformat.read(self.path, as_version=4)
         for i, cell in enumerate(nb.cells):
-            if cell.cell_type == "markdown" and not _is_answer_cell(cell):
+            if cell.cell_type == "markdown" and not is_answer_cell(cell):
                 yield f"cell {i}", cell.source
 
 
-def _is_answer_cell(cell) -> bool:
+def is_answer_cell(cell) -> bool:
     """An nbgrader written-answer cell: its text is the model answer, never shown to students."""
     meta = cell.get("metadata", {}).get("nbgrader", {})
     return bool(meta.get("solution"))
@@ -369,28 +369,40 @@ def unwrap(chinese: str) -> str:
     return CJK_BREAK.sub("", chinese)
 
 
+def translation(block: str, cat) -> str | None:
+    """The block's translation in `cat` when it is complete and valid (not fuzzy, keeps what
+    `problems` checks), else None."""
+    msg = cat.get(block) if cat is not None and translatable(block) else None
+    ok = msg is not None and msg.string and not msg.fuzzy and not problems(block, msg.string)
+    return msg.string if ok else None
+
+
+def missing(text: str, cat) -> list[str]:
+    """The translatable blocks of `text` that `cat` has no complete, valid translation for."""
+    return [b for b in split_blocks(text) if translatable(b) and translation(b, cat) is None]
+
+
 def translate_text(text: str, cat) -> str:
     """Markdown with every block that has a complete, valid translation replaced by it."""
-    out = []
-    for block in split_blocks(text):
-        msg = cat.get(block) if cat is not None and translatable(block) else None
-        ok = msg is not None and msg.string and not msg.fuzzy and not problems(block, msg.string)
-        out.append(unwrap(msg.string) if ok else block)
-    return "".join(out)
+    return "".join(unwrap(t) if (t := translation(block, cat)) else block
+                   for block in split_blocks(text))
 
 
-def translated_notebook(path: pathlib.Path, lang: str = LANG):
-    """The notebook at `path` with its markdown in `lang`; code, outputs and metadata untouched."""
-    import nbformat
-
-    nb = nbformat.read(path, as_version=4)
-    cat = read(path.stem, lang)
+def translate_notebook(nb, cat, lang: str = LANG):
+    """A copy of `nb` with its markdown from `cat`; code, outputs, metadata and answers untouched."""
     out = copy.deepcopy(nb)
     for cell in out.cells:
-        if cell.cell_type == "markdown" and not _is_answer_cell(cell):
+        if cell.cell_type == "markdown" and not is_answer_cell(cell):
             cell.source = translate_text(cell.source, cat)
     out.metadata["language"] = lang
     return out
+
+
+def translated_notebook(path: pathlib.Path, lang: str = LANG):
+    """The notebook at `path` with its markdown in `lang` (its catalog is the notebook's stem)."""
+    import nbformat
+
+    return translate_notebook(nbformat.read(path, as_version=4), read(path.stem, lang), lang)
 
 
 def write_notebooks(dest: pathlib.Path, lang: str = LANG) -> list[pathlib.Path]:
